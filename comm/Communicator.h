@@ -1,0 +1,115 @@
+#pragma once
+// The Communicator: collectives and point-to-point over raw buffers (pointer, count, dtype, device),
+// each returning an asynchronous Work.
+//
+// THE CONTRACT: all ranks of a communicator issue the same collectives in the same order, with the
+// same count, dtype, reduce op and root. Nothing in the fast path checks this — a rank that
+// deviates makes the others hang until the timeout or reduces garbage. With MT_DEBUG_FINGERPRINT=1
+// (or dist.fingerprint = true) every collective is preceded by a check that all ranks agree on
+// (op, count, dtype, root), and a mismatch is an error naming both sides.
+//
+// Ops on one communicator start in issue order. Buffers must stay alive and untouched until the
+// Work completes. Device buffers are accepted by every backend (the MPI backend stages them
+// through pinned host memory).
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/Work.h"
+#include "core/Device.h"
+#include "core/Tensor.h"
+
+namespace mt {
+
+struct CommOptions {
+  std::string name = "world";
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  bool fingerprint = false;  // check op agreement before every collective (debug)
+};
+
+class Communicator {
+ public:
+  explicit Communicator(CommOptions options) : options_(std::move(options)) {}
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual const char* backend() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual std::shared_ptr<Work> allReduce(void* buf, size_t count, DType dtype, ReduceOp op, Device device) = 0;
+  // in holds size() * countPerRank elements; rank r receives the reduction of block r into out.
+  virtual std::shared_ptr<Work> reduceScatter(const void* in, void* out, size_t countPerRank, DType dtype,
+                                              ReduceOp op, Device device) = 0;
+  // out holds size() * countPerRank elements, block r from rank r.
+  virtual std::shared_ptr<Work> allGather(const void* in, void* out, size_t countPerRank, DType dtype,
+                                          Device device) = 0;
+  virtual std::shared_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Device device) = 0;
+  virtual std::shared_ptr<Work> barrier() = 0;
+  virtual std::shared_ptr<Work> send(const void* buf, size_t count, DType dtype, int peer, Device device) = 0;
+  virtual std::shared_ptr<Work> recv(void* buf, size_t count, DType dtype, int peer, Device device) = 0;
+  // Collective over this communicator: ranks passing the same color form a new communicator,
+  // ranked by key (then by rank here). color < 0: this rank joins none (returns nullptr).
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+  // Fails queued and future ops with PeerLostError(reason); in-flight ops fail when they can.
+  virtual void abort(const std::string& reason) = 0;
+
+  // Tensor conveniences (contiguous tensors).
+  std::shared_ptr<Work> allReduce(Tensor& t, ReduceOp op);
+  std::shared_ptr<Work> reduceScatter(const Tensor& in, Tensor& out, ReduceOp op);
+  std::shared_ptr<Work> allGather(const Tensor& in, Tensor& out);
+  std::shared_ptr<Work> broadcast(Tensor& t, int root);
+  // Blocking helpers with the communicator's timeout.
+  void allReduceSync(Tensor& t, ReduceOp op);
+  double allReduceScalar(double v, ReduceOp op);
+  void barrierSync();
+
+  const CommOptions& options() const { return options_; }
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
+  void setTimeout(std::chrono::milliseconds t) { options_.timeout = t; }
+  const std::string& name() const { return options_.name; }
+  // The last ops of this communicator, oldest first (failure dumps).
+  std::vector<CollectiveRecord> recentOps();
+  int64_t opsIssued();
+
+ protected:
+  // Backends call this for every op they create, in issue order.
+  std::shared_ptr<Work> newWork(CollectiveOp op, size_t bytes, DType dtype);
+
+ private:
+  static constexpr size_t kHistory = 32;
+  CommOptions options_;
+  std::mutex historyMutex_;
+  std::deque<std::shared_ptr<Work>> history_;
+  int64_t nextSeq_ = 0;
+};
+
+// World size 1: collectives complete at once (in place or a copy).
+class LocalCommunicator final : public Communicator {
+ public:
+  explicit LocalCommunicator(CommOptions options = {}) : Communicator(std::move(options)) {}
+  const char* backend() const override { return "local"; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::shared_ptr<Work> allReduce(void* buf, size_t count, DType dtype, ReduceOp op, Device device) override;
+  std::shared_ptr<Work> reduceScatter(const void* in, void* out, size_t countPerRank, DType dtype, ReduceOp op,
+                                      Device device) override;
+  std::shared_ptr<Work> allGather(const void* in, void* out, size_t countPerRank, DType dtype,
+                                  Device device) override;
+  std::shared_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Device device) override;
+  std::shared_ptr<Work> barrier() override;
+  std::shared_ptr<Work> send(const void* buf, size_t count, DType dtype, int peer, Device device) override;
+  std::shared_ptr<Work> recv(void* buf, size_t count, DType dtype, int peer, Device device) override;
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+  void abort(const std::string& reason) override {}
+
+ private:
+  std::shared_ptr<Work> done(CollectiveOp op, size_t bytes, DType dtype);
+};
+
+}  // namespace mt

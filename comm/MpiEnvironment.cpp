@@ -1,0 +1,87 @@
+#include "comm/MpiEnvironment.h"
+
+#include <unistd.h>
+
+#include <mutex>
+
+#include "core/EnvParams.h"
+#include "core/Log.h"
+#include "core/MpiCheck.h"
+
+namespace mt {
+
+namespace {
+std::mutex gMpiMutex;
+bool gNeedLock = false;
+}  // namespace
+
+MpiCallGuard::MpiCallGuard() : locked_(gNeedLock) {
+  if (locked_) gMpiMutex.lock();
+}
+MpiCallGuard::~MpiCallGuard() {
+  if (locked_) gMpiMutex.unlock();
+}
+
+MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_CHECK(MPI_Initialized(&initialized));
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+    ownsInit_ = true;
+  } else {
+    MPI_CHECK(MPI_Query_thread(&provided));
+  }
+  threadMultiple_ = provided >= MPI_THREAD_MULTIPLE;
+  gNeedLock = !threadMultiple_;
+  // Errors come back as codes so MPI_CHECK can turn them into exceptions with context.
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  setLogRank(rank_, size_);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  hostname_ = host;
+
+  emulated_ = static_cast<int>(envInt(EnvParam::kNodeSplit));
+  if (emulated_ > 0) {
+    if (size_ % emulated_ != 0)
+      throw ConfigError("MT_NODE_SPLIT=" + std::to_string(emulated_) + " does not divide the world size " +
+                        std::to_string(size_));
+    localSize_ = emulated_;
+    localRank_ = rank_ % emulated_;
+    node_ = rank_ / emulated_;
+    numNodes_ = size_ / emulated_;
+  } else {
+    MPI_Comm local;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+    MPI_CHECK(MPI_Comm_rank(local, &localRank_));
+    MPI_CHECK(MPI_Comm_size(local, &localSize_));
+    // Node index = rank of this node's leader (local rank 0) among all leaders.
+    MPI_Comm leaders;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, localRank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
+    int nodeInfo[2] = {0, 1};
+    if (localRank_ == 0) {
+      MPI_CHECK(MPI_Comm_rank(leaders, &nodeInfo[0]));
+      MPI_CHECK(MPI_Comm_size(leaders, &nodeInfo[1]));
+      MPI_CHECK(MPI_Comm_free(&leaders));
+    }
+    MPI_CHECK(MPI_Bcast(nodeInfo, 2, MPI_INT, 0, local));
+    MPI_CHECK(MPI_Comm_free(&local));
+    node_ = nodeInfo[0];
+    numNodes_ = nodeInfo[1];
+  }
+  if (!threadMultiple_ && rank_ == 0) {
+    MT_LOG_WARN << "MPI library provides thread level " << provided
+                << " (< MPI_THREAD_MULTIPLE); MPI calls are serialised";
+  }
+}
+
+MpiEnvironment::~MpiEnvironment() {
+  if (!ownsInit_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace mt

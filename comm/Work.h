@@ -1,0 +1,63 @@
+#pragma once
+// An asynchronous collective (c10d's Work). Every op a communicator issues gets the next sequence
+// number of that communicator; a wait that times out names the op, so a hang shows which
+// collective, how large, and how far each rank got.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "core/DType.h"
+
+namespace mt {
+
+enum class CollectiveOp : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier, kSend, kRecv, kSplit };
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
+
+const char* collectiveName(CollectiveOp op);
+const char* reduceOpName(ReduceOp op);
+
+struct CollectiveRecord {
+  int64_t seq = -1;
+  CollectiveOp op = CollectiveOp::kBarrier;
+  size_t bytes = 0;
+  DType dtype = DType::kF32;
+  int64_t enqueuedUs = 0, startedUs = 0, completedUs = 0;  // wall-clock micros; 0 = not yet
+  std::string str() const;
+};
+
+class Work {
+ public:
+  Work(int64_t seq, CollectiveOp op, size_t bytes, DType dtype, std::string commName);
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  bool isCompleted();
+  // Blocks until done. Throws TimeoutError naming the op when `timeout` passes first, or the
+  // error the op failed with (a lost peer, an MPI/NCCL error).
+  void wait(std::chrono::milliseconds timeout);
+  // Called by the backend.
+  void markStarted();
+  void markCompleted();
+  void markFailed(std::exception_ptr error);
+  CollectiveRecord record();
+  int64_t seq() const { return seq_; }
+
+ private:
+  const int64_t seq_;
+  const CollectiveOp op_;
+  const size_t bytes_;
+  const DType dtype_;
+  const std::string comm_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  int64_t enqueuedUs_ = 0, startedUs_ = 0, completedUs_ = 0;
+};
+
+}  // namespace mt

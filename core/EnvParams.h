@@ -1,0 +1,35 @@
+#pragma once
+// The one table of environment parameters meshtrain reads (like NCCL's param table). Everything the
+// environment can change is listed here with its default and meaning; `trainer --help-env` prints
+// the table, and unknown MT_* variables are reported at start so a typo does not go unnoticed.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+enum class EnvParam : int {
+  kLogLevel,        // MT_LOG_LEVEL
+  kNumThreads,      // MT_NUM_THREADS
+  kCommTimeoutS,    // MT_COMM_TIMEOUT_S
+  kFingerprint,     // MT_DEBUG_FINGERPRINT
+  kHealthPort,      // MT_HEALTH_PORT
+  kNodeSplit,       // MT_NODE_SPLIT
+  kCount
+};
+
+struct EnvParamInfo {
+  EnvParam id;
+  const char* name;
+  const char* defaultValue;
+  const char* help;
+};
+
+const std::vector<EnvParamInfo>& envParamTable();
+std::string envString(EnvParam p);       // value from the environment, else the default
+int64_t envInt(EnvParam p);              // throws ConfigError naming the variable if not an integer
+// MT_* variables present in the environment that are not in the table.
+std::vector<std::string> unknownEnvParams();
+
+}  // namespace mt

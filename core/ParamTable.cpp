@@ -1,0 +1,68 @@
+#include "core/ParamTable.h"
+
+#include <algorithm>
+
+namespace mt {
+
+Param& ParamTable::add(const std::string& name, const Shape& shape, bool decay) {
+  MT_CHECK(!materialized(), "parameter ", name, " added after materialize()");
+  MT_CHECK(find(name) == nullptr, "duplicate parameter name ", name);
+  auto p = std::make_unique<Param>();
+  p->name = name;
+  p->shape = shape;
+  p->decay = decay;
+  p->unit = currentUnit_;
+  p->index = static_cast<int>(params_.size());
+  p->offset = numel_;
+  numel_ += p->numel();
+  params_.push_back(std::move(p));
+  return *params_.back();
+}
+
+void ParamTable::materialize(Device device, DType dtype) {
+  MT_CHECK(!materialized(), "materialize() called twice");
+  device_ = device;
+  dtype_ = dtype;
+  values_ = Tensor::zeros({numel_}, dtype, device);
+  std::vector<int64_t> offsets;
+  for (auto& p : params_) {
+    p->value = values_.flatSlice(p->offset, p->numel()).view(p->shape);
+    offsets.push_back(p->offset);
+  }
+  setGradLayout(offsets, Tensor::zeros({numel_}, dtype, device));
+}
+
+Param* ParamTable::find(const std::string& name) {
+  for (auto& p : params_)
+    if (p->name == name) return p.get();
+  return nullptr;
+}
+
+int ParamTable::numUnits() const {
+  int n = 0;
+  for (const auto& p : params_) n = std::max(n, p->unit + 1);
+  return n;
+}
+
+std::vector<Param*> ParamTable::unitParams(int unit) {
+  std::vector<Param*> out;
+  for (auto& p : params_)
+    if (p->unit == unit) out.push_back(p.get());
+  return out;
+}
+
+void ParamTable::zeroGrads() {
+  if (grads_.defined()) grads_.zero_();
+}
+
+void ParamTable::setGradLayout(const std::vector<int64_t>& offsets, Tensor buffer) {
+  MT_CHECK(offsets.size() == params_.size(), "grad layout has ", offsets.size(), " offsets for ", params_.size(),
+           " parameters");
+  MT_CHECK(buffer.numel() >= numel_, "grad buffer of ", buffer.numel(), " elements for ", numel_, " parameters");
+  grads_ = buffer;
+  gradOffsets_ = offsets;
+  for (size_t i = 0; i < params_.size(); ++i)
+    params_[i]->grad = buffer.flatSlice(offsets[i], params_[i]->numel()).view(params_[i]->shape);
+}
+
+}  // namespace mt

@@ -1,0 +1,74 @@
+#pragma once
+// The parameter table: every trainable tensor of a model, registered by name in a fixed order that
+// is identical on all ranks (it is the model's construction order). Values live in one flat buffer
+// in registration order; gradients live in a flat buffer whose layout the data-parallel buckets may
+// change (reverse order, observed ready order), so buckets are contiguous slices of it. Optimizers,
+// buckets, sharding and checkpoints all walk this table instead of the model.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/Tensor.h"
+
+namespace mt {
+
+struct Param {
+  std::string name;
+  Shape shape;
+  bool decay = true;    // weight decay applies (matrices, embeddings) or not (biases, norm gains)
+  int unit = 0;         // sharding unit (a layer group gathered and freed together)
+  int index = 0;        // registration order
+  int64_t offset = 0;   // element offset in the flat value buffer
+  Tensor value;         // view; sharding rebinds it to a gathered unit buffer
+  Tensor grad;          // view into the gradient buffer under the current layout
+  int64_t numel() const { return shapeNumel(shape); }
+};
+
+class ParamTable {
+ public:
+  ParamTable() = default;
+  ParamTable(const ParamTable&) = delete;
+  ParamTable& operator=(const ParamTable&) = delete;
+
+  // Registration happens before materialize(); names must be unique.
+  Param& add(const std::string& name, const Shape& shape, bool decay = true);
+  // Parameters added from now on belong to this sharding unit.
+  void beginUnit(int unit) { currentUnit_ = unit; }
+
+  // Allocates the flat value and gradient buffers and binds every Param's views.
+  void materialize(Device device, DType dtype = DType::kF32);
+  bool materialized() const { return values_.defined(); }
+
+  size_t size() const { return params_.size(); }
+  Param& operator[](size_t i) { return *params_[i]; }
+  const Param& operator[](size_t i) const { return *params_[i]; }
+  Param* find(const std::string& name);
+  int64_t numel() const { return numel_; }
+  int numUnits() const;
+  std::vector<Param*> unitParams(int unit);
+  Device device() const { return device_; }
+  DType dtype() const { return dtype_; }
+
+  Tensor flatValues() const { return values_; }
+  // The gradient buffer of the current layout (all gradients, contiguous).
+  Tensor flatGrads() const { return grads_; }
+  void zeroGrads();
+
+  // Re-lays the gradients out: param i's gradient starts at offsets[i] in `buffer`. Used by the
+  // bucket builder; the old gradient values are not carried over (call between steps).
+  void setGradLayout(const std::vector<int64_t>& offsets, Tensor buffer);
+  const std::vector<int64_t>& gradOffsets() const { return gradOffsets_; }
+
+ private:
+  std::vector<std::unique_ptr<Param>> params_;
+  int currentUnit_ = 0;
+  int64_t numel_ = 0;
+  Device device_;
+  DType dtype_ = DType::kF32;
+  Tensor values_;
+  Tensor grads_;
+  std::vector<int64_t> gradOffsets_;
+};
+
+}  // namespace mt

@@ -1,0 +1,119 @@
+#include "data/Loader.h"
+
+#include "core/Check.h"
+#include "core/Timer.h"
+
+namespace mt {
+
+Loader::Loader(const BatchSource& source, LoaderOptions options, int rank, int worldSize, Allocator& host)
+    : source_(source),
+      opt_(options),
+      sampler_(source.size(), rank, worldSize, options.shuffle, options.seed, /*dropLast=*/options.dropLast),
+      host_(host) {
+  MT_REQUIRE(opt_.batchSize > 0, ConfigError, "batch size per rank must be positive, got ", opt_.batchSize);
+  const int64_t per = sampler_.samplesPerRank();
+  batchesPerEpoch_ = opt_.dropLast ? per / opt_.batchSize : (per + opt_.batchSize - 1) / opt_.batchSize;
+  MT_REQUIRE(batchesPerEpoch_ > 0, DataError, "dataset of ", source.size(), " samples gives ", per,
+             " per rank, fewer than one batch of ", opt_.batchSize);
+  startWorkers();
+}
+
+Loader::~Loader() { stopWorkers(); }
+
+LoaderPosition Loader::positionOf(int64_t seq) const { return {seq / batchesPerEpoch_, seq % batchesPerEpoch_}; }
+
+std::shared_ptr<const std::vector<int64_t>> Loader::epochIndices(int64_t epoch) {
+  std::lock_guard<std::mutex> lock(epochMutex_);
+  auto it = epochs_.find(epoch);
+  if (it != epochs_.end()) return it->second;
+  auto v = std::make_shared<const std::vector<int64_t>>(sampler_.indices(epoch));
+  epochs_[epoch] = v;
+  while (epochs_.size() > 3) epochs_.erase(epochs_.begin());  // workers are at most one epoch ahead
+  return v;
+}
+
+std::vector<int64_t> Loader::batchIndices(int64_t seq) {
+  LoaderPosition p = positionOf(seq);
+  auto all = epochIndices(p.epoch);
+  const int64_t lo = p.batchInEpoch * opt_.batchSize;
+  const int64_t hi = std::min<int64_t>(lo + opt_.batchSize, static_cast<int64_t>(all->size()));
+  return std::vector<int64_t>(all->begin() + lo, all->begin() + hi);
+}
+
+Batch Loader::build(int64_t seq, ChunkCache* cache) { return source_.collate(batchIndices(seq), cache, host_); }
+
+void Loader::startWorkers() {
+  stop_ = false;
+  nextToClaim_ = consumed_;
+  for (int w = 0; w < opt_.numWorkers; ++w) workers_.emplace_back([this, w] { workerLoop(w); });
+}
+
+void Loader::stopWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  consumedCv_.notify_all();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+  ready_.clear();
+  failed_.clear();
+}
+
+void Loader::seek(int64_t seq) {
+  stopWorkers();
+  consumed_ = seq;
+  startWorkers();
+}
+
+void Loader::workerLoop(int) {
+  ChunkCache cache;
+  const int64_t window = static_cast<int64_t>(opt_.numWorkers) * opt_.prefetchFactor;
+  while (true) {
+    int64_t seq;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      consumedCv_.wait(lock, [&] { return stop_ || nextToClaim_ < consumed_ + window; });
+      if (stop_) return;
+      seq = nextToClaim_++;
+    }
+    try {
+      Batch b = build(seq, &cache);
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.emplace(seq, std::move(b));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failed_.emplace(seq, std::current_exception());
+    }
+    produced_.notify_all();
+  }
+}
+
+Batch Loader::next() {
+  Stopwatch wait;
+  Batch b;
+  if (opt_.numWorkers == 0) {
+    b = build(consumed_, &inlineCache_);
+  } else {
+    std::unique_lock<std::mutex> lock(mutex_);
+    produced_.wait(lock, [&] { return ready_.count(consumed_) || failed_.count(consumed_); });
+    auto f = failed_.find(consumed_);
+    if (f != failed_.end()) {
+      std::exception_ptr e = f->second;
+      failed_.erase(f);
+      std::rethrow_exception(e);
+    }
+    auto it = ready_.find(consumed_);
+    b = std::move(it->second);
+    ready_.erase(it);
+  }
+  lastWait_ = wait.elapsed();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++consumed_;
+  }
+  consumedCv_.notify_all();
+  return b;
+}
+
+}  // namespace mt

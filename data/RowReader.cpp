@@ -1,0 +1,190 @@
+#include "data/RowReader.h"
+
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace mt {
+
+const std::vector<char>* ChunkCache::find(Key chunk) {
+  auto it = map_.find(chunk);
+  if (it == map_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return &it->second->second;
+}
+
+const std::vector<char>& ChunkCache::insert(Key chunk, std::vector<char> data) {
+  bytes_ += data.size();
+  lru_.emplace_front(chunk, std::move(data));
+  map_[chunk] = lru_.begin();
+  while (bytes_ > capacity_ && lru_.size() > 1) {
+    bytes_ -= lru_.back().second.size();
+    map_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+  return lru_.front().second;
+}
+
+RowReader::RowReader(const H5File& file, H5DatasetInfo info) : file_(&file), info_(std::move(info)) {
+  if (!info_.unavailableFilters.empty())
+    throw DataError("data file " + info_.file + ": dataset " + info_.name + " is compressed with HDF5 filter " +
+                    info_.unavailableFilters[0] +
+                    ", which this HDF5 cannot decode (rewrite it with gzip, or install the filter plugin)");
+  rowBytes_ = static_cast<size_t>(info_.rowElements()) * info_.elementSize;
+  direct_ = info_.directReadable();
+  if (info_.storage == H5Storage::kChunked) {
+    chunkBytes_ = static_cast<size_t>(shapeNumel(info_.chunkShape)) * info_.elementSize;
+    const int64_t c0 = info_.chunkShape[0];
+    const int64_t chunkRows = (rows() + c0 - 1) / c0;
+    size_t expected = 1;
+    for (size_t d = 0; d < info_.shape.size(); ++d)
+      expected *= static_cast<size_t>((info_.shape[d] + info_.chunkShape[d] - 1) / info_.chunkShape[d]);
+    size_t allocated = 0;
+    for (const auto& c : info_.chunks) allocated += c.address != HADDR_UNDEF;
+    sparse_ = allocated < expected;
+    rowChunkBegin_.assign(static_cast<size_t>(chunkRows + 1), info_.chunks.size());
+    for (size_t i = info_.chunks.size(); i-- > 0;)
+      rowChunkBegin_[static_cast<size_t>(info_.chunks[i].origin[0] / c0)] = i;
+    for (size_t k = rowChunkBegin_.size() - 1; k-- > 0;)
+      rowChunkBegin_[k] = std::min(rowChunkBegin_[k], rowChunkBegin_[k + 1]);
+  }
+}
+
+void RowReader::preadAll(uint64_t offset, size_t bytes, char* dst) const {
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t n = ::pread(file_->fd(), dst + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw DataError("data file " + info_.file + ": reading " + info_.name + " at byte " +
+                      std::to_string(offset + done) + ": " + (n == 0 ? "unexpected end of file" : std::strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void RowReader::readRows(int64_t start, int64_t count, void* dst, ChunkCache* cache) const {
+  if (count <= 0) return;
+  if (start < 0 || start + count > rows())
+    throw DataError("data file " + info_.file + ": rows [" + std::to_string(start) + ", " +
+                    std::to_string(start + count) + ") outside " + info_.name + " with " + std::to_string(rows()) +
+                    " rows");
+  char* out = static_cast<char*>(dst);
+  if (!direct_) {
+    std::lock_guard<std::mutex> lock(fallbackMutex_);
+    file_->readRows(info_, start, count, out);
+  } else if (info_.storage == H5Storage::kContiguous) {
+    readContiguous(start, count, out);
+  } else {
+    readChunked(start, count, out, cache);
+  }
+}
+
+void RowReader::readContiguous(int64_t start, int64_t count, char* dst) const {
+  preadAll(info_.contiguousOffset + static_cast<uint64_t>(start) * rowBytes_, static_cast<size_t>(count) * rowBytes_,
+           dst);
+}
+
+std::vector<char> RowReader::decodeChunk(size_t index) const {
+  const H5Chunk& c = info_.chunks[index];
+  std::vector<char> raw(c.size);
+  preadAll(c.address, c.size, raw.data());
+  // Undo the pipeline in reverse write order; bit i of the mask means filter i was skipped.
+  for (size_t f = info_.filters.size(); f-- > 0;) {
+    if (c.filterMask & (1u << f)) continue;
+    switch (info_.filters[f]) {
+      case H5Filter::kFletcher32:
+        if (raw.size() < 4) throw DataError("data file " + info_.file + ": corrupt chunk in " + info_.name);
+        raw.resize(raw.size() - 4);
+        break;
+      case H5Filter::kDeflate: {
+        std::vector<char> out(chunkBytes_);
+        uLongf outLen = static_cast<uLongf>(out.size());
+        int rc = ::uncompress(reinterpret_cast<Bytef*>(out.data()), &outLen, reinterpret_cast<const Bytef*>(raw.data()),
+                              static_cast<uLong>(raw.size()));
+        if (rc != Z_OK || outLen != out.size())
+          throw DataError("data file " + info_.file + ": cannot inflate chunk at row " + std::to_string(c.origin[0]) +
+                          " of " + info_.name + " (zlib error " + std::to_string(rc) + ")");
+        raw.swap(out);
+        break;
+      }
+      case H5Filter::kShuffle: {
+        const size_t es = info_.elementSize, n = raw.size() / es;
+        if (es > 1) {
+          std::vector<char> out(raw.size());
+          for (size_t b = 0; b < es; ++b)
+            for (size_t i = 0; i < n; ++i) out[i * es + b] = raw[b * n + i];
+          std::copy(raw.begin() + static_cast<std::ptrdiff_t>(n * es), raw.end(),
+                    out.begin() + static_cast<std::ptrdiff_t>(n * es));
+          raw.swap(out);
+        }
+        break;
+      }
+      case H5Filter::kOther: break;  // excluded by directReadable()
+    }
+  }
+  if (raw.size() != chunkBytes_)
+    throw DataError("data file " + info_.file + ": chunk at row " + std::to_string(c.origin[0]) + " of " + info_.name +
+                    " decodes to " + std::to_string(raw.size()) + " bytes, expected " + std::to_string(chunkBytes_));
+  return raw;
+}
+
+void RowReader::readChunked(int64_t start, int64_t count, char* dst, ChunkCache* cache) const {
+  const size_t rank = info_.shape.size();
+  const size_t es = info_.elementSize;
+  if (sparse_) std::memset(dst, 0, static_cast<size_t>(count) * rowBytes_);
+  const int64_t c0 = info_.chunkShape[0];
+  const int64_t end = start + count;
+  // Element strides of the destination (rows start..end, full trailing dims) and of a chunk.
+  std::vector<int64_t> dstStride(rank, 1), chunkStride(rank, 1);
+  for (size_t d = rank - 1; d-- > 0;) {
+    dstStride[d] = dstStride[d + 1] * info_.shape[d + 1];
+    chunkStride[d] = chunkStride[d + 1] * info_.chunkShape[d + 1];
+  }
+  for (int64_t k = start / c0; k * c0 < end; ++k) {
+    for (size_t ci = rowChunkBegin_[static_cast<size_t>(k)]; ci < rowChunkBegin_[static_cast<size_t>(k + 1)]; ++ci) {
+      const H5Chunk& c = info_.chunks[ci];
+      if (c.address == HADDR_UNDEF) continue;
+      const ChunkCache::Key key{this, ci};
+      const std::vector<char>* data = cache ? cache->find(key) : nullptr;
+      std::vector<char> local;
+      if (!data) {
+        if (cache) data = &cache->insert(key, decodeChunk(ci));
+        else {
+          local = decodeChunk(ci);
+          data = &local;
+        }
+      }
+      // The box to copy: rows clipped to [start, end), trailing dims clipped to the dataset.
+      std::vector<int64_t> lo(rank), hi(rank);
+      for (size_t d = 0; d < rank; ++d) {
+        lo[d] = c.origin[d];
+        hi[d] = std::min(c.origin[d] + info_.chunkShape[d], info_.shape[d]);
+      }
+      lo[0] = std::max(lo[0], start);
+      hi[0] = std::min(hi[0], end);
+      if (lo[0] >= hi[0]) continue;
+      const size_t spanBytes = static_cast<size_t>(hi[rank - 1] - lo[rank - 1]) * es;
+      std::vector<int64_t> idx(lo.begin(), lo.end());
+      while (true) {
+        int64_t dOff = 0, cOff = 0;
+        for (size_t d = 0; d < rank; ++d) {
+          dOff += (d == 0 ? idx[d] - start : idx[d]) * dstStride[d];
+          cOff += (idx[d] - c.origin[d]) * chunkStride[d];
+        }
+        std::memcpy(dst + static_cast<size_t>(dOff) * es, data->data() + static_cast<size_t>(cOff) * es, spanBytes);
+        // Next index over all dims but the last.
+        size_t d = rank - 1;
+        while (d-- > 0) {
+          if (++idx[d] < hi[d]) break;
+          idx[d] = lo[d];
+        }
+        if (d == static_cast<size_t>(-1)) break;
+      }
+    }
+  }
+}
+
+}  // namespace mt

@@ -1,0 +1,69 @@
+#pragma once
+// Reads rows (indices of dimension 0) of one dataset without going through HDF5, so loader threads
+// run in parallel instead of queueing on the library's global lock: contiguous data by pread at
+// the dataset's file offset, chunked data by pread of the raw chunk and our own inflate (zlib) and
+// unshuffle. Datasets with other filters fall back to H5Dread under the lock.
+
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "data/H5File.h"
+
+namespace mt {
+
+// Decoded chunks kept by one reader thread (not shared, so no locking), for any number of
+// datasets: entries are keyed by (reader, chunk).
+class ChunkCache {
+ public:
+  struct Key {
+    const void* reader;
+    size_t chunk;
+    bool operator==(const Key& o) const { return reader == o.reader && chunk == o.chunk; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return std::hash<const void*>()(k.reader) ^ (k.chunk * 0x9E3779B97F4A7C15ull); }
+  };
+  explicit ChunkCache(size_t capacityBytes = 64u << 20) : capacity_(capacityBytes) {}
+  const std::vector<char>* find(Key key);
+  const std::vector<char>& insert(Key key, std::vector<char> data);
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t capacity_;
+  size_t bytes_ = 0;
+  std::list<std::pair<Key, std::vector<char>>> lru_;  // front = most recent
+  std::unordered_map<Key, decltype(lru_)::iterator, KeyHash> map_;
+};
+
+class RowReader {
+ public:
+  // `file` must outlive the reader.
+  RowReader(const H5File& file, H5DatasetInfo info);
+  const H5DatasetInfo& info() const { return info_; }
+  int64_t rows() const { return info_.shape.empty() ? 0 : info_.shape[0]; }
+  size_t rowBytes() const { return rowBytes_; }
+  bool direct() const { return direct_; }
+  // Rows [start, start+count) into dst (count * rowBytes() bytes). Thread-safe when each thread
+  // passes its own cache (or none).
+  void readRows(int64_t start, int64_t count, void* dst, ChunkCache* cache = nullptr) const;
+
+ private:
+  void readContiguous(int64_t start, int64_t count, char* dst) const;
+  void readChunked(int64_t start, int64_t count, char* dst, ChunkCache* cache) const;
+  std::vector<char> decodeChunk(size_t index) const;
+  void preadAll(uint64_t offset, size_t bytes, char* dst) const;
+
+  const H5File* file_;
+  H5DatasetInfo info_;
+  size_t rowBytes_ = 0;
+  bool direct_ = false;
+  bool sparse_ = false;                // some chunks never written (read as zeros)
+  size_t chunkBytes_ = 0;              // decoded chunk size
+  std::vector<size_t> rowChunkBegin_;  // chunks [begin[k], begin[k+1]) start in chunk-row k
+  mutable std::mutex fallbackMutex_;   // the library path is serialised anyway; keep it explicit
+};
+
+}  // namespace mt

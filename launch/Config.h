@@ -1,0 +1,55 @@
+#pragma once
+// The trainer's configuration: an INI file (sections become "section.key") plus `--section.key=value`
+// overrides on the command line, which win. Every key is declared once in the schema (Config.cpp)
+// with its default and help text; an unknown key, a bad value or a missing file is a ConfigError
+// naming the key or file (exit code 2). The resolved configuration — defaults included — is
+// written to <run_dir>/config.ini so a run can be repeated exactly.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct ConfigKey {
+  std::string key;          // "train.lr"
+  std::string defaultValue;
+  std::string help;
+};
+
+const std::vector<ConfigKey>& configSchema();
+
+class Config {
+ public:
+  // Parses argv (after the program name and subcommand). Throws ConfigError.
+  static Config fromArgs(const std::vector<std::string>& args);
+  // Parses an INI file and overrides ("section.key" -> value). Throws ConfigError.
+  static Config fromFile(const std::string& path, const std::map<std::string, std::string>& overrides = {});
+  static Config defaults();
+
+  std::string str(const std::string& key) const;
+  int64_t i64(const std::string& key) const;
+  double f64(const std::string& key) const;
+  bool flag(const std::string& key) const;
+  std::vector<int64_t> i64List(const std::string& key) const;
+  // One of `allowed`, else ConfigError listing them.
+  std::string choice(const std::string& key, const std::vector<std::string>& allowed) const;
+  void set(const std::string& key, const std::string& value);
+
+  // Throws ConfigError "<key> = <value>: <why>" — for checks made by the code that uses a value.
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const;
+
+  std::string toIni() const;
+  const std::string& source() const { return source_; }  // the config file, or "defaults"
+  bool helpRequested() const { return help_; }
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::string source_ = "defaults";
+  bool help_ = false;
+};
+
+std::string configHelp();
+
+}  // namespace mt

@@ -1,0 +1,41 @@
+#include "launch/Failure.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/Log.h"
+
+namespace mt {
+
+void dumpCollectives(Communicator& comm) {
+  auto ops = comm.recentOps();
+  MT_LOG_ERROR << "last " << ops.size() << " ops on communicator '" << comm.name() << "' (" << comm.backend()
+               << ", rank " << comm.rank() << "/" << comm.size() << "):";
+  for (const auto& r : ops) MT_LOG_ERROR << "  " << r.str();
+}
+
+void onPeerLost(Communicator& world, int lostRank, const std::string& why) {
+  MT_LOG_ERROR << "rank " << lostRank << " lost: " << why << "; ending this rank";
+  dumpCollectives(world);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  // The peer is gone, so no collective (not even MPI_Abort's) can be trusted to complete.
+  std::_Exit(static_cast<int>(ExitCode::kCommFailure));
+}
+
+void abortJob(const std::string& message, ExitCode code, Communicator* world) {
+  MT_LOG_ERROR << "error: " << message;
+  if (world) dumpCollectives(*world);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized && (!world || world->size() > 1))
+    MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
+  std::_Exit(static_cast<int>(code));
+}
+
+}  // namespace mt

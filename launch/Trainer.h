@@ -1,0 +1,78 @@
+#pragma once
+// The training program: builds the communicator, data, model, parallelism and optimizer from the
+// configuration, then runs the loop (docs/architecture.md follows one step through it).
+// Construction does all validation, so a bad config or data file fails before any training and
+// the same way on every rank.
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/Communicator.h"
+#include "comm/DataParallel.h"
+#include "comm/HealthMonitor.h"
+#include "comm/MpiEnvironment.h"
+#include "data/ImageDataset.h"
+#include "data/ImageSource.h"
+#include "data/Loader.h"
+#include "launch/Config.h"
+#include "launch/Metrics.h"
+#include "models/Model.h"
+#include "models/optim/LrSchedule.h"
+#include "models/optim/Optimizer.h"
+
+namespace mt {
+
+struct EvalResult {
+  double loss = 0.0;
+  double accuracy = 0.0;
+  int64_t count = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const Config& cfg, MpiEnvironment& mpi);
+  ~Trainer();
+  // Trains to the configured end; returns the process exit code.
+  int run();
+  Communicator& world() { return *world_; }
+  const std::string& runDir() const { return runDir_; }
+
+ private:
+  void setupComm();
+  void setupData();
+  void setupModel();
+  void setupOptimizer();
+  // One optimizer step on one global batch; returns this rank's loss statistics.
+  LossStats trainStep(const Batch& batch, int64_t step);
+  EvalResult evaluate();
+  void logStep(int64_t step, const LossStats& local, double intervalSeconds, int64_t intervalSteps,
+               double waitSeconds);
+  void writeTrace(int64_t step, int64_t backwardStartUs);
+
+  Config cfg_;
+  MpiEnvironment& mpi_;
+  std::string runDir_;
+  Device device_ = Device::cpu();
+  uint64_t seed_ = 0;
+  int64_t globalBatch_ = 0, localBatch_ = 0;
+  int64_t totalSteps_ = 0;
+  int64_t logInterval_ = 100, evalInterval_ = 0;
+  float gradClip_ = 0.f;
+
+  std::unique_ptr<Communicator> world_;
+  std::unique_ptr<HealthMonitor> health_;
+  std::unique_ptr<H5File> file_;
+  std::unique_ptr<ImageDataset> train_, test_;
+  std::unique_ptr<ImageSource> trainSource_;
+  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<Optimizer> optimizer_;
+  LrSchedule schedule_;
+  MetricsWriter metrics_;
+  std::unique_ptr<std::ofstream> trace_;
+};
+
+}  // namespace mt

@@ -1,0 +1,83 @@
+#pragma once
+// A trainable model: a ParamTable, a forward that ends in the loss, and a backward. Hooks let the
+// parallel layers act at the right moments without the model knowing about them: data parallelism
+// launches a bucket's all-reduce from gradReady(); sharding gathers a unit's parameters before
+// its forward/backward and reduce-scatters its gradients after its backward.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/ParamTable.h"
+#include "models/Module.h"
+#include "models/layers/SoftmaxCrossEntropy.h"
+
+namespace mt {
+
+struct Batch {
+  Tensor inputs;   // images u8 [N,H,W,C] or tokens [N,T]
+  Tensor targets;  // labels i64 [N] or next tokens [N,T]
+  int64_t size() const { return inputs.defined() ? inputs.dim(0) : 0; }
+};
+
+class ModelHooks {
+ public:
+  virtual ~ModelHooks() = default;
+  virtual void beforeUnitForward(int unit) {}
+  virtual void afterUnitForward(int unit) {}
+  virtual void beforeUnitBackward(int unit) {}
+  virtual void afterUnitBackward(int unit) {}
+  // Called once per parameter per backward, right after its gradient is final for this backward.
+  virtual void gradReady(Param& p) {}
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::string name() const = 0;
+  ParamTable& params() { return params_; }
+  const ParamTable& params() const { return params_; }
+  void setHooks(ModelHooks* hooks) { hooks_ = hooks; }
+
+  // Runs forward and the loss. With ctx.training the activations and the loss gradient are kept
+  // for backward(). validForMean: number of rows the loss mean is taken over (-1: this batch's).
+  virtual LossStats forward(const Batch& batch, Context& ctx, int64_t validForMean = -1) = 0;
+  // Backward of the loss of the last training forward; accumulates into Param::grad.
+  virtual void backward(Context& ctx) = 0;
+  // Fills parameters from the seed (deterministic, identical on all ranks).
+  virtual void initParams(uint64_t seed) = 0;
+  virtual int64_t activationBytes() const = 0;
+  virtual void clearActivations() = 0;
+
+ protected:
+  ParamTable params_;
+  ModelHooks* hooks_ = nullptr;
+};
+
+// Layers in a chain, ending in softmax cross-entropy over the last layer's output. A unit is a
+// parameter-holding layer together with the parameter-free layers after it.
+class Sequential : public Model {
+ public:
+  explicit Sequential(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  // Registers the module's parameters as "<label>.<param>".
+  Module& add(std::unique_ptr<Module> module, const std::string& label);
+  LossStats forward(const Batch& batch, Context& ctx, int64_t validForMean = -1) override;
+  void backward(Context& ctx) override;
+  void initParams(uint64_t seed) override;
+  int64_t activationBytes() const override;
+  void clearActivations() override;
+  size_t numModules() const { return modules_.size(); }
+  Module& module(size_t i) { return *modules_[i]; }
+  // Forward to the logits only (no loss), for inspection and tests.
+  Tensor logits(const Tensor& inputs, Context& ctx);
+
+ private:
+  std::string name_;
+  std::vector<std::unique_ptr<Module>> modules_;
+  std::vector<int> unitOf_;
+  int nextUnit_ = 0;
+  Tensor dlogits_;
+};
+
+}  // namespace mt

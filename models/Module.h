@@ -1,0 +1,50 @@
+#pragma once
+// A layer with an explicit forward and backward. forward() caches what backward() needs when
+// ctx.training is set; backward() returns the gradient of the input (overwritten, a fresh tensor)
+// and ACCUMULATES parameter gradients (+=) into Param::grad, so gradient accumulation over
+// micro-batches needs no extra code and the caller zeroes gradients once per step.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/ParamTable.h"
+#include "core/Random.h"
+#include "core/Tensor.h"
+
+namespace mt {
+
+struct Context {
+  bool training = true;
+  Device device = Device::cpu();
+  uint64_t seed = 0;  // dropout streams derive from (seed, step, layer)
+  int64_t step = 0;
+  float lossScale = 1.f;  // the loss gradient is multiplied by this (mixed-precision loss scaling)
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  virtual std::string kind() const = 0;
+  // Registers this module's parameters under `prefix` (e.g. "fc1.weight"); called once.
+  virtual void registerParams(ParamTable& table, const std::string& prefix) {}
+  // Fills the registered parameters (PyTorch's default initialisation unless a model overrides).
+  virtual void initParams(Rng& rng) {}
+  virtual Tensor forward(const Tensor& x, Context& ctx) = 0;
+  virtual Tensor backward(const Tensor& dy, Context& ctx) = 0;
+  virtual std::vector<Param*> params() { return {}; }
+  // Shape of the output for an input shape (batch dimension included), used to build models.
+  virtual Shape outputShape(const Shape& in) const = 0;
+  // Drops cached activations (after backward, or before evaluation).
+  virtual void clearCache() {}
+  // Bytes of cached activations held right now (memory accounting).
+  virtual int64_t cachedBytes() const { return 0; }
+  // The first parameter layer of a model need not compute its input gradient.
+  void setNeedsInputGrad(bool needed) { needsInputGrad_ = needed; }
+  bool needsInputGrad() const { return needsInputGrad_; }
+
+ protected:
+  bool needsInputGrad_ = true;
+};
+
+}  // namespace mt

@@ -1,0 +1,48 @@
+#pragma once
+// Element-wise activations.
+//   ReLU:  y = max(x, 0);                      dx = dy · [y > 0]
+//   GELU (tanh, GPT-2):  y = 0.5x(1 + tanh(u)), u = sqrt(2/pi)(x + 0.044715x^3)
+//          dx = dy · (0.5(1 + tanh u) + 0.5x(1 - tanh^2 u) · sqrt(2/pi)(1 + 3·0.044715x^2))
+//   GELU (erf, exact):   y = 0.5x(1 + erf(x/sqrt2));  dx = dy · (Phi(x) + x·phi(x))
+// dx is overwritten; there are no parameters.
+
+#include "models/Module.h"
+
+namespace mt {
+
+enum class GeluKind { kTanh, kErf };
+
+void reluForward(Tensor& y, const Tensor& x);
+void reluBackward(Tensor& dx, const Tensor& dy, const Tensor& y);
+void geluForward(Tensor& y, const Tensor& x, GeluKind kind);
+void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind);
+
+class ReLU : public Module {
+ public:
+  std::string kind() const override { return "relu"; }
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  Shape outputShape(const Shape& in) const override { return in; }
+  void clearCache() override { y_ = Tensor(); }
+  int64_t cachedBytes() const override { return y_.defined() ? static_cast<int64_t>(y_.nbytes()) : 0; }
+
+ private:
+  Tensor y_;
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(GeluKind kind = GeluKind::kTanh) : kind_(kind) {}
+  std::string kind() const override { return "gelu"; }
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  Shape outputShape(const Shape& in) const override { return in; }
+  void clearCache() override { x_ = Tensor(); }
+  int64_t cachedBytes() const override { return x_.defined() ? static_cast<int64_t>(x_.nbytes()) : 0; }
+
+ private:
+  GeluKind kind_;
+  Tensor x_;
+};
+
+}  // namespace mt

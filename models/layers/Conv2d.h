@@ -1,0 +1,58 @@
+#pragma once
+// Conv2d (cross-correlation, square stride and zero padding, no dilation/groups):
+//   y[n,o,oh,ow] = b[o] + sum_{c,kh,kw} W[o,c,kh,kw] · x[n,c,oh*s-p+kh, ow*s-p+kw]
+// CPU: im2col over the whole batch, then one GEMM (col[K=C·KH·KW] per output position).
+// Backward:
+//   dW += dy ⊗ col                (accumulates)
+//   db += sum over n,oh,ow of dy  (accumulates)
+//   dx  = col2im(W^T · dy)        (overwrites)
+// Layout NCHW: x [N,C,H,W], W [O,C,KH,KW], y [N,O,OH,OW].
+// Layout NHWC: x [N,H,W,C], W [O,KH,KW,C], y [N,OH,OW,O].
+
+#include "models/Module.h"
+#include "models/layers/Layout.h"
+
+namespace mt {
+
+struct Conv2dGeometry {
+  Layout layout = Layout::kNHWC;
+  int64_t N = 0, C = 0, H = 0, W = 0, O = 0, KH = 0, KW = 0, stride = 1, pad = 0, OH = 0, OW = 0;
+  static Conv2dGeometry make(Layout layout, const Shape& x, int64_t O, int64_t k, int64_t stride, int64_t pad);
+  int64_t K() const { return C * KH * KW; }
+  int64_t positions() const { return N * OH * OW; }
+};
+
+// col must hold g.positions() * g.K() floats; it is an output of forward and an input of backward.
+void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b,
+                   const Conv2dGeometry& g);
+void conv2dBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& col,
+                    const Tensor& w, const Conv2dGeometry& g);
+
+class Conv2d : public Module {
+ public:
+  Conv2d(Layout layout, int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t pad = 0,
+         bool bias = true)
+      : layout_(layout), in_(in), out_(out), k_(kernel), stride_(stride), pad_(pad), hasBias_(bias) {}
+  std::string kind() const override { return "conv2d"; }
+  void registerParams(ParamTable& table, const std::string& prefix) override;
+  void initParams(Rng& rng) override;
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  std::vector<Param*> params() override;
+  Shape outputShape(const Shape& in) const override;
+  void clearCache() override;
+  int64_t cachedBytes() const override;
+  Param* weight() const { return w_; }
+  Param* bias() const { return b_; }
+
+ private:
+  Layout layout_;
+  int64_t in_, out_, k_, stride_, pad_;
+  bool hasBias_;
+  Param* w_ = nullptr;
+  Param* b_ = nullptr;
+  Tensor x_, col_;
+  Conv2dGeometry geom_;
+};
+
+}  // namespace mt

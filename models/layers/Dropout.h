@@ -1,0 +1,34 @@
+#pragma once
+// Dropout (inverted): training  y = x · m / (1 - p),  m[i] = [u_i >= p],  u_i = philox(seed, stream, i)
+//                     eval      y = x
+// Backward: dx = dy · m / (1 - p)  (overwrites). The mask is a pure function of (seed, step, layer
+// id, element), so it is the same on CPU and GPU and after a resume; it is kept (1 byte/element)
+// rather than recomputed.
+
+#include "models/Module.h"
+
+namespace mt {
+
+// stream identifies (step, layer); mask receives 0/1 per element.
+void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream);
+void dropoutBackward(Tensor& dx, const Tensor& dy, const Tensor& mask, float p);
+uint64_t dropoutStream(int64_t step, int layerId);
+
+class Dropout : public Module {
+ public:
+  Dropout(float p, int layerId) : p_(p), layerId_(layerId) {}
+  std::string kind() const override { return "dropout"; }
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  Shape outputShape(const Shape& in) const override { return in; }
+  void clearCache() override { mask_ = Tensor(); }
+  int64_t cachedBytes() const override { return mask_.defined() ? static_cast<int64_t>(mask_.nbytes()) : 0; }
+  const Tensor& lastMask() const { return mask_; }
+
+ private:
+  float p_;
+  int layerId_;
+  Tensor mask_;
+};
+
+}  // namespace mt

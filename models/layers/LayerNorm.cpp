@@ -1,0 +1,139 @@
+#include "models/layers/LayerNorm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/Parallel.h"
+#include "models/Init.h"
+#include "models/kernels/Dispatch.h"
+
+namespace mt {
+
+void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                      float eps) {
+  MT_DISPATCH_CUDA(x, layerNormForward(y, mean, rstd, x, w, b, eps));
+  const int64_t C = x.dim(-1), R = x.numel() / C;
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  const float* bp = b.data<float>();
+  float* yp = y.data<float>();
+  float* mp = mean ? mean->data<float>() : nullptr;
+  float* rp = rstd ? rstd->data<float>() : nullptr;
+  parallelFor(R, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* row = xp + r * C;
+      double s = 0.0;
+      for (int64_t c = 0; c < C; ++c) s += row[c];
+      const float m = static_cast<float>(s / static_cast<double>(C));
+      double v = 0.0;
+      for (int64_t c = 0; c < C; ++c) {
+        const double d = row[c] - m;
+        v += d * d;
+      }
+      const float rs = 1.f / std::sqrt(static_cast<float>(v / static_cast<double>(C)) + eps);
+      float* out = yp + r * C;
+      for (int64_t c = 0; c < C; ++c) out[c] = (row[c] - m) * rs * wp[c] + bp[c];
+      if (mp) mp[r] = m;
+      if (rp) rp[r] = rs;
+    }
+  });
+}
+
+void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       const Tensor& mean, const Tensor& rstd) {
+  MT_DISPATCH_CUDA(x, layerNormBackward(dx, dw, db, dy, x, w, mean, rstd));
+  const int64_t C = x.dim(-1), R = x.numel() / C;
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  const float* dyp = dy.data<float>();
+  const float* mp = mean.data<float>();
+  const float* rp = rstd.data<float>();
+  float* dxp = dx.data<float>();
+  const int64_t blocks = (R + kReduceBlock - 1) / kReduceBlock;
+  std::vector<double> partW(static_cast<size_t>(blocks * C), 0.0), partB(static_cast<size_t>(blocks * C), 0.0);
+  parallelFor(blocks, 1, [&](int64_t blo, int64_t bhi) {
+    for (int64_t blk = blo; blk < bhi; ++blk) {
+      double* pw = partW.data() + blk * C;
+      double* pb = partB.data() + blk * C;
+      const int64_t r1 = std::min(R, (blk + 1) * kReduceBlock);
+      for (int64_t r = blk * kReduceBlock; r < r1; ++r) {
+        const float* row = xp + r * C;
+        const float* g = dyp + r * C;
+        const float m = mp[r], rs = rp[r];
+        double sg = 0.0, sgn = 0.0;
+        for (int64_t c = 0; c < C; ++c) {
+          const float n = (row[c] - m) * rs;
+          const float gw = g[c] * wp[c];
+          sg += gw;
+          sgn += gw * n;
+          pw[c] += g[c] * n;
+          pb[c] += g[c];
+        }
+        const float mg = static_cast<float>(sg / static_cast<double>(C));
+        const float mgn = static_cast<float>(sgn / static_cast<double>(C));
+        float* out = dxp + r * C;
+        for (int64_t c = 0; c < C; ++c) {
+          const float n = (row[c] - m) * rs;
+          out[c] = rs * (g[c] * wp[c] - mg - n * mgn);
+        }
+      }
+    }
+  });
+  float* dwp = dw.data<float>();
+  float* dbp = db.data<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    double sw = 0.0, sb = 0.0;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      sw += partW[static_cast<size_t>(blk * C + c)];
+      sb += partB[static_cast<size_t>(blk * C + c)];
+    }
+    dwp[c] += static_cast<float>(sw);
+    dbp[c] += static_cast<float>(sb);
+  }
+}
+
+void LayerNorm::registerParams(ParamTable& table, const std::string& prefix) {
+  w_ = &table.add(prefix + "weight", {c_}, false);
+  b_ = &table.add(prefix + "bias", {c_}, false);
+}
+
+void LayerNorm::initParams(Rng&) {
+  initConstant(w_->value, 1.f);
+  initConstant(b_->value, 0.f);
+}
+
+Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
+  MT_CHECK(x.dim(-1) == c_, "layernorm over ", c_, " channels got ", x.str());
+  Tensor y = Tensor::empty(x.shape(), DType::kF32, x.device());
+  const int64_t rows = x.numel() / c_;
+  if (ctx.training) {
+    x_ = x;
+    mean_ = Tensor::empty({rows}, DType::kF32, x.device());
+    rstd_ = Tensor::empty({rows}, DType::kF32, x.device());
+    layerNormForward(y, &mean_, &rstd_, x, w_->value, b_->value, eps_);
+  } else {
+    layerNormForward(y, nullptr, nullptr, x, w_->value, b_->value, eps_);
+  }
+  return y;
+}
+
+Tensor LayerNorm::backward(const Tensor& dy, Context& ctx) {
+  MT_CHECK(x_.defined(), "LayerNorm::backward without a training forward");
+  Tensor dx = Tensor::empty(x_.shape(), DType::kF32, x_.device());
+  layerNormBackward(dx, w_->grad, b_->grad, dy, x_, w_->value, mean_, rstd_);
+  clearCache();
+  return dx;
+}
+
+void LayerNorm::clearCache() {
+  x_ = Tensor();
+  mean_ = Tensor();
+  rstd_ = Tensor();
+}
+
+int64_t LayerNorm::cachedBytes() const {
+  return x_.defined() ? static_cast<int64_t>(x_.nbytes() + mean_.nbytes() + rstd_.nbytes()) : 0;
+}
+
+}  // namespace mt

@@ -1,0 +1,41 @@
+#pragma once
+// LayerNorm over the last dimension C (biased variance, eps inside the square root):
+//   mean = sum_c x / C,  rstd = 1 / sqrt(sum_c (x - mean)^2 / C + eps),  n = (x - mean) · rstd
+//   y = n · w + b
+// Backward (per row), with g = dy · w:
+//   dx = rstd · (g - mean_c(g) - n · mean_c(g · n))   (overwrites)
+//   dw += sum_rows dy · n,  db += sum_rows dy          (accumulate; fixed-size row blocks summed in
+//                                                       order, so results do not depend on threads)
+// mean and rstd per row are kept for backward.
+
+#include "models/Module.h"
+
+namespace mt {
+
+void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                      float eps);
+void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       const Tensor& mean, const Tensor& rstd);
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t channels, float eps = 1e-5f) : c_(channels), eps_(eps) {}
+  std::string kind() const override { return "layernorm"; }
+  void registerParams(ParamTable& table, const std::string& prefix) override;
+  void initParams(Rng& rng) override;
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  std::vector<Param*> params() override { return {w_, b_}; }
+  Shape outputShape(const Shape& in) const override { return in; }
+  void clearCache() override;
+  int64_t cachedBytes() const override;
+
+ private:
+  int64_t c_;
+  float eps_;
+  Param* w_ = nullptr;
+  Param* b_ = nullptr;
+  Tensor x_, mean_, rstd_;
+};
+
+}  // namespace mt

@@ -1,0 +1,85 @@
+#include "models/layers/Linear.h"
+
+#include <cmath>
+
+#include "core/Parallel.h"
+#include "models/Init.h"
+#include "models/kernels/Dispatch.h"
+#include "models/layers/Gemm.h"
+
+namespace mt {
+
+void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) {
+  const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
+  MT_CHECK(x.dim(-1) == I && y.numel() == N * O, "linear shapes x=", x.str(), " w=", w.str(), " y=", y.str());
+  MT_DISPATCH_CUDA(x, linearForward(y, x, w, b));
+  float* yp = y.data<float>();
+  if (b) {
+    const float* bp = b->data<float>();
+    parallelFor(N, 64, [&](int64_t lo, int64_t hi) {
+      for (int64_t n = lo; n < hi; ++n)
+        for (int64_t o = 0; o < O; ++o) yp[n * O + o] = bp[o];
+    });
+  }
+  gemmCpu(Trans::kNo, Trans::kYes, N, O, I, 1.f, x.data<float>(), w.data<float>(), b ? 1.f : 0.f, yp);
+}
+
+void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w) {
+  const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
+  MT_DISPATCH_CUDA(x, linearBackward(dx, dw, db, dy, x, w));
+  const float* dyp = dy.data<float>();
+  if (dx) gemmCpu(Trans::kNo, Trans::kNo, N, I, O, 1.f, dyp, w.data<float>(), 0.f, dx->data<float>());
+  gemmCpu(Trans::kYes, Trans::kNo, O, I, N, 1.f, dyp, x.data<float>(), 1.f, dw.data<float>());
+  if (db) {
+    float* dbp = db->data<float>();
+    parallelFor(O, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t o = lo; o < hi; ++o) {
+        double acc = 0.0;  // f64 so the column sum does not depend on the batch split
+        for (int64_t n = 0; n < N; ++n) acc += dyp[n * O + o];
+        dbp[o] += static_cast<float>(acc);
+      }
+    });
+  }
+}
+
+void Linear::registerParams(ParamTable& table, const std::string& prefix) {
+  w_ = &table.add(prefix + "weight", {out_, in_}, true);
+  if (hasBias_) b_ = &table.add(prefix + "bias", {out_}, false);
+}
+
+void Linear::initParams(Rng& rng) {
+  // PyTorch default: kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
+  const float bound = 1.f / std::sqrt(static_cast<float>(in_));
+  initUniform(w_->value, rng, -bound, bound);
+  if (b_) initUniform(b_->value, rng, -bound, bound);
+}
+
+Tensor Linear::forward(const Tensor& x, Context& ctx) {
+  Shape outShape = x.shape();
+  outShape.back() = out_;
+  Tensor y = Tensor::empty(outShape, DType::kF32, x.device());
+  linearForward(y, x, w_->value, b_ ? &b_->value : nullptr);
+  if (ctx.training) x_ = x;
+  return y;
+}
+
+Tensor Linear::backward(const Tensor& dy, Context& ctx) {
+  MT_CHECK(x_.defined(), "Linear::backward without a training forward");
+  Tensor dx = needsInputGrad_ ? Tensor::empty(x_.shape(), DType::kF32, x_.device()) : Tensor();
+  linearBackward(dx.defined() ? &dx : nullptr, w_->grad, b_ ? &b_->grad : nullptr, dy, x_, w_->value);
+  x_ = Tensor();
+  return dx;
+}
+
+std::vector<Param*> Linear::params() {
+  if (b_) return {w_, b_};
+  return {w_};
+}
+
+Shape Linear::outputShape(const Shape& in) const {
+  Shape s = in;
+  s.back() = out_;
+  return s;
+}
+
+}  // namespace mt

@@ -1,0 +1,40 @@
+#pragma once
+// Linear: y[N,O] = x[N,I] · W[O,I]^T + b[O]   (W in PyTorch's [out, in] layout)
+// Backward:
+//   dx[N,I] = dy[N,O] · W                 (overwrites)
+//   dW[O,I] += dy^T · x                   (accumulates)
+//   db[O]   += sum_n dy[n,:]              (accumulates)
+// Leading dimensions of x other than the last are flattened into N.
+
+#include "models/Module.h"
+
+namespace mt {
+
+void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b);
+void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w);
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, bool bias = true) : in_(in), out_(out), hasBias_(bias) {}
+  std::string kind() const override { return "linear"; }
+  void registerParams(ParamTable& table, const std::string& prefix) override;
+  void initParams(Rng& rng) override;
+  Tensor forward(const Tensor& x, Context& ctx) override;
+  Tensor backward(const Tensor& dy, Context& ctx) override;
+  std::vector<Param*> params() override;
+  Shape outputShape(const Shape& in) const override;
+  void clearCache() override { x_ = Tensor(); }
+  int64_t cachedBytes() const override { return x_.defined() ? static_cast<int64_t>(x_.nbytes()) : 0; }
+
+  Param* weight() const { return w_; }
+  Param* bias() const { return b_; }
+
+ private:
+  int64_t in_, out_;
+  bool hasBias_;
+  Param* w_ = nullptr;
+  Param* b_ = nullptr;
+  Tensor x_;
+};
+
+}  // namespace mt

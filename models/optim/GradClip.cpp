@@ -1,0 +1,66 @@
+#include "models/optim/GradClip.h"
+
+#include <cmath>
+
+#include "core/Parallel.h"
+
+#ifdef MT_WITH_CUDA
+#include "models/kernels/CudaOptim.h"
+#endif
+
+namespace mt {
+
+double sumOfSquares(const std::vector<OptimSegment>& segments) {
+  double total = 0.0;
+  for (const auto& s : segments) {
+#ifdef MT_WITH_CUDA
+    if (s.grad.device().isCuda()) {
+      total += cuda::sumOfSquares(s.grad);
+      continue;
+    }
+#endif
+    const float* g = s.grad.data<float>();
+    const int64_t n = s.grad.numel();
+    const int64_t blocks = (n + 4095) / 4096;
+    std::vector<double> part(static_cast<size_t>(blocks), 0.0);
+    parallelFor(blocks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b) {
+        double acc = 0.0;
+        const int64_t e = std::min(n, (b + 1) * 4096);
+        for (int64_t i = b * 4096; i < e; ++i) acc += static_cast<double>(g[i]) * g[i];
+        part[static_cast<size_t>(b)] = acc;
+      }
+    });
+    for (double p : part) total += p;
+  }
+  return total;
+}
+
+void scaleGrads(const std::vector<OptimSegment>& segments, float factor) {
+  for (const auto& s : segments) {
+#ifdef MT_WITH_CUDA
+    if (s.grad.device().isCuda()) {
+      cuda::scaleInPlace(s.grad, factor);
+      continue;
+    }
+#endif
+    float* g = s.grad.data<float>();
+    parallelFor(s.grad.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) g[i] *= factor;
+    });
+  }
+}
+
+double clipGradNorm(const std::vector<OptimSegment>& segments, float maxNorm,
+                    const std::function<double(double)>& allReduceSum) {
+  double sq = sumOfSquares(segments);
+  if (allReduceSum) sq = allReduceSum(sq);
+  const double norm = std::sqrt(sq);
+  if (maxNorm > 0.f) {
+    const double coef = static_cast<double>(maxNorm) / (norm + 1e-6);
+    if (coef < 1.0) scaleGrads(segments, static_cast<float>(coef));
+  }
+  return norm;
+}
+
+}  // namespace mt

@@ -1,0 +1,153 @@
+#include "models/optim/Optimizer.h"
+
+#include <cmath>
+
+#include "core/ParamTable.h"
+#include "core/Parallel.h"
+
+#ifdef MT_WITH_CUDA
+#include "models/kernels/CudaOptim.h"
+#endif
+
+namespace mt {
+
+Optimizer::Optimizer(std::vector<OptimSegment> segs) : segments_(std::move(segs)) {
+  for (const auto& s : segments_) {
+    MT_CHECK(s.value.numel() == s.grad.numel() && s.value.dtype() == DType::kF32 && s.grad.dtype() == DType::kF32,
+             "optimizer segment ", s.value.str(), " / ", s.grad.str());
+    stateOffsets_.push_back(stateNumel_);
+    stateNumel_ += s.value.numel();
+  }
+}
+
+void Optimizer::rebind(std::vector<OptimSegment> segs) {
+  MT_CHECK(segs.size() == segments_.size(), "rebind with ", segs.size(), " segments for ", segments_.size());
+  for (size_t i = 0; i < segs.size(); ++i)
+    MT_CHECK(segs[i].value.numel() == segments_[i].value.numel(), "rebind changes the size of segment ", i);
+  segments_ = std::move(segs);
+}
+
+int64_t Optimizer::stateBytes() {
+  int64_t b = 0;
+  for (auto& kv : state()) b += static_cast<int64_t>(kv.second.nbytes());
+  return b;
+}
+
+void adamwUpdateCpu(float* p, const float* g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
+                    float beta2, float eps, int64_t step) {
+  // Bias corrections in double, as PyTorch computes these scalars in Python floats.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  const float stepSize = static_cast<float>(static_cast<double>(lr) / bc1);
+  const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
+  const float decay = 1.f - lr * wd;
+  parallelFor(n, 1 << 14, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) {
+      float pi = p[i] * decay;
+      const float gi = g[i];
+      const float mi = beta1 * m[i] + (1.f - beta1) * gi;
+      const float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      pi -= stepSize * (mi / (std::sqrt(vi) / bc2Sqrt + eps));
+      p[i] = pi;
+    }
+  });
+}
+
+void sgdUpdateCpu(float* p, const float* g, float* buf, int64_t n, float lr, float wd, float momentum,
+                  bool nesterov, bool firstStep) {
+  parallelFor(n, 1 << 14, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float gi = g[i] + wd * p[i];
+      if (momentum != 0.f) {
+        const float b = firstStep ? gi : momentum * buf[i] + gi;
+        buf[i] = b;
+        gi = nesterov ? gi + momentum * b : b;
+      }
+      p[i] -= lr * gi;
+    }
+  });
+}
+
+namespace {
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const OptimConfig& c, std::vector<OptimSegment> segs) : Optimizer(std::move(segs)), cfg_(c) {
+    Device d = segments_.empty() ? Device::cpu() : segments_[0].value.device();
+    m_ = Tensor::zeros({stateNumel_}, DType::kF32, d);
+    v_ = Tensor::zeros({stateNumel_}, DType::kF32, d);
+  }
+  void step(float lr) override {
+    ++steps_;
+#ifdef MT_WITH_CUDA
+    if (m_.device().isCuda()) {
+      cuda::adamwMultiTensor(segments_, stateOffsets_, m_, v_, lr, cfg_.weightDecay, cfg_.beta1, cfg_.beta2,
+                             cfg_.eps, steps_);
+      return;
+    }
+#endif
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      auto& s = segments_[i];
+      adamwUpdateCpu(s.value.data<float>(), s.grad.data<float>(), m_.data<float>() + stateOffsets_[i],
+                     v_.data<float>() + stateOffsets_[i], s.value.numel(), lr, s.decay ? cfg_.weightDecay : 0.f,
+                     cfg_.beta1, cfg_.beta2, cfg_.eps, steps_);
+    }
+  }
+  std::vector<std::pair<std::string, Tensor>> state() override { return {{"exp_avg", m_}, {"exp_avg_sq", v_}}; }
+
+ private:
+  OptimConfig cfg_;
+  Tensor m_, v_;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const OptimConfig& c, std::vector<OptimSegment> segs) : Optimizer(std::move(segs)), cfg_(c) {
+    Device d = segments_.empty() ? Device::cpu() : segments_[0].value.device();
+    buf_ = Tensor::zeros({cfg_.momentum != 0.f ? stateNumel_ : 0}, DType::kF32, d);
+  }
+  void step(float lr) override {
+    const bool first = steps_ == 0;
+    ++steps_;
+#ifdef MT_WITH_CUDA
+    if (buf_.device().isCuda()) {
+      cuda::sgdMultiTensor(segments_, stateOffsets_, buf_, lr, cfg_.weightDecay, cfg_.momentum, cfg_.nesterov,
+                           first);
+      return;
+    }
+#endif
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      auto& s = segments_[i];
+      sgdUpdateCpu(s.value.data<float>(), s.grad.data<float>(),
+                   cfg_.momentum != 0.f ? buf_.data<float>() + stateOffsets_[i] : nullptr, s.value.numel(), lr,
+                   s.decay ? cfg_.weightDecay : 0.f, cfg_.momentum, cfg_.nesterov, first);
+    }
+  }
+  std::vector<std::pair<std::string, Tensor>> state() override { return {{"momentum_buffer", buf_}}; }
+
+ private:
+  OptimConfig cfg_;
+  Tensor buf_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimSegment> segments) {
+  if (cfg.type == "adamw") return std::make_unique<AdamW>(cfg, std::move(segments));
+  if (cfg.type == "sgd") return std::make_unique<Sgd>(cfg, std::move(segments));
+  throw ConfigError("optim.type: unknown optimizer '" + cfg.type + "' (expected sgd or adamw)");
+}
+
+std::vector<OptimSegment> segmentsOf(ParamTable& table) {
+  std::vector<OptimSegment> out;
+  for (size_t i = 0; i < table.size(); ++i) {
+    Param& p = table[i];
+    out.push_back({p.value.view({p.numel()}), p.grad.view({p.numel()}), p.decay});
+  }
+  return out;
+}
+
+}  // namespace mt

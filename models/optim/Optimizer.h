@@ -1,0 +1,70 @@
+#pragma once
+// Optimizers update flat f32 segments: a parameter, or the part of a parameter that lies in this
+// rank's shard. The optimizer's state (momentum, Adam moments) is one flat buffer per kind laid out
+// in segment order, so a sharded optimizer holds exactly its shard of the state and checkpoints
+// are plain flat arrays.
+//
+// SGD (PyTorch semantics):   g' = g + wd·p;  b = g' (first step) else mu·b + g';
+//                            p -= lr · (nesterov ? g' + mu·b : b)
+// AdamW (PyTorch semantics): p *= 1 - lr·wd (decayed segments only);
+//                            m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²
+//                            p -= (lr / (1-b1^t)) · m / (sqrt(v) / sqrt(1-b2^t) + eps)
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/Tensor.h"
+
+namespace mt {
+
+struct OptimSegment {
+  Tensor value;  // flat f32
+  Tensor grad;   // flat f32, same size and device
+  bool decay = true;
+};
+
+struct OptimConfig {
+  std::string type = "adamw";  // sgd | adamw
+  float weightDecay = 0.f;
+  float momentum = 0.9f;  // sgd
+  bool nesterov = false;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual void step(float lr) = 0;
+  // Named flat state buffers (checkpointing, resharding); same order on every rank.
+  virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
+  int64_t stepCount() const { return steps_; }
+  void setStepCount(int64_t s) { steps_ = s; }
+  int64_t stateBytes();
+  // New views for the same segments (sizes unchanged; state kept), after a gradient re-layout.
+  void rebind(std::vector<OptimSegment> segs);
+  const std::vector<OptimSegment>& segments() const { return segments_; }
+
+ protected:
+  explicit Optimizer(std::vector<OptimSegment> segs);
+  std::vector<OptimSegment> segments_;
+  std::vector<int64_t> stateOffsets_;  // start of each segment in the flat state
+  int64_t stateNumel_ = 0;
+  int64_t steps_ = 0;
+};
+
+// Throws ConfigError for an unknown type. State lives on the segments' device.
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimSegment> segments);
+
+// One segment per parameter of the table, in registration order.
+std::vector<OptimSegment> segmentsOf(class ParamTable& table);
+
+// The AdamW and SGD update of one segment, shared by the CPU optimizer and the offloaded (host)
+// optimizer of sharding; exposed for the kernel tests.
+void adamwUpdateCpu(float* p, const float* g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
+                    float beta2, float eps, int64_t step);
+void sgdUpdateCpu(float* p, const float* g, float* buf, int64_t n, float lr, float wd, float momentum,
+                  bool nesterov, bool firstStep);
+
+}  // namespace mt

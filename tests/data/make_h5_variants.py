@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Writes the same small image dataset in the layouts h5py can produce, plus broken files, for
+tests/data/test_data.cpp: every good variant must read back identically; every bad one must fail
+with a DataError naming the file and dataset."""
+import os
+import sys
+
+import h5py
+import numpy as np
+
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+rng = np.random.default_rng(0)
+N = 103
+images = rng.integers(0, 256, size=(N, 28, 28, 1), dtype=np.uint8)
+labels = rng.integers(0, 10, size=(N,)).astype(np.int64)
+images.tofile(os.path.join(out, "images.bin"))  # ground truth, raw bytes
+labels.tofile(os.path.join(out, "labels.bin"))
+
+
+def write(name, img_kw=None, lbl_kw=None, img=images, lbl=labels, lbl_dtype=None, extra=None):
+    with h5py.File(os.path.join(out, name + ".h5"), "w") as f:
+        g = f.create_group("train")
+        g.create_dataset("images", data=img, **(img_kw or {}))
+        g.create_dataset("labels", data=lbl if lbl_dtype is None else lbl.astype(lbl_dtype), **(lbl_kw or {}))
+        if extra:
+            extra(f)
+
+
+write("contiguous")
+write("chunked_rows", dict(chunks=(16, 28, 28, 1)), dict(chunks=(10,)))
+write("chunked_tiles", dict(chunks=(7, 10, 13, 1)), dict(chunks=(33,)))  # partial edge chunks in every dim
+write("gzip", dict(chunks=(32, 28, 28, 1), compression="gzip", compression_opts=4),
+      dict(chunks=(50,), compression="gzip"))
+write("gzip_shuffle_fletcher", dict(chunks=(20, 28, 28, 1), compression="gzip", shuffle=True, fletcher32=True),
+      dict(chunks=(50,), compression="gzip", shuffle=True, fletcher32=True))
+write("lzf", dict(chunks=(20, 28, 28, 1), compression="lzf"), dict(chunks=(50,), compression="lzf"))
+write("rank3_int32_labels", img=images[..., 0], lbl_dtype=np.int32)
+write("auto_chunks", dict(chunks=True, compression="gzip"), dict(chunks=True))
+
+# Broken files.
+write("bad_dtype", img=images.astype(np.float32))
+write("bad_rank", img=images.reshape(N, 784))
+write("bad_count", lbl=labels[:50])
+with h5py.File(os.path.join(out, "missing_labels.h5"), "w") as f:
+    f.create_group("train").create_dataset("images", data=images)
+with h5py.File(os.path.join(out, "tiny.h5"), "w") as f:
+    g = f.create_group("train")
+    g.create_dataset("images", data=images[:2])
+    g.create_dataset("labels", data=labels[:2])
+with open(os.path.join(out, "not_hdf5.h5"), "wb") as f:
+    f.write(b"this is not an HDF5 file\n" * 10)
+raw = open(os.path.join(out, "contiguous.h5"), "rb").read()
+with open(os.path.join(out, "truncated.h5"), "wb") as f:
+    f.write(raw[: len(raw) // 2])
+raw = open(os.path.join(out, "chunked_rows.h5"), "rb").read()
+with open(os.path.join(out, "truncated_chunked.h5"), "wb") as f:
+    f.write(raw[: int(len(raw) * 0.6)])
+print(f"wrote variants to {out}")

@@ -1,0 +1,138 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+
+#include "data/ImageDataset.h"
+#include "tests/common/TestUtil.h"
+
+namespace mt {
+namespace {
+
+std::string variant(const std::string& name) { return test::fixturePath("H5_VARIANTS") + "/" + name + ".h5"; }
+
+std::vector<char> slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+class GoodVariant : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoodVariant, ReadsBackExactly) {
+  const std::string dir = test::fixturePath("H5_VARIANTS");
+  const std::vector<char> images = slurp(dir + "/images.bin"), labels = slurp(dir + "/labels.bin");
+  ASSERT_EQ(images.size(), 103u * 784u);
+  H5File f = H5File::open(variant(GetParam()));
+  ImageDataset ds(f, "train", 4);
+  ASSERT_EQ(ds.size(), 103);
+  EXPECT_EQ(ds.spec().height, 28);
+  EXPECT_EQ(ds.spec().channels, 1);
+  ChunkCache cache;
+  std::vector<uint8_t> img(784);
+  // Out of order, so chunks are revisited through the cache.
+  for (int64_t k = 0; k < 103; ++k) {
+    const int64_t i = (k * 37) % 103;
+    int64_t label = -1;
+    ds.read(i, img.data(), &label, &cache);
+    ASSERT_EQ(0, std::memcmp(img.data(), images.data() + i * 784, 784)) << GetParam() << " row " << i;
+    ASSERT_EQ(label, reinterpret_cast<const int64_t*>(labels.data())[i]) << GetParam() << " row " << i;
+  }
+  ds.loadIntoMemory();
+  int64_t label = -1;
+  ds.read(102, img.data(), &label, nullptr);
+  EXPECT_EQ(0, std::memcmp(img.data(), images.data() + 102 * 784, 784));
+}
+INSTANTIATE_TEST_SUITE_P(H5, GoodVariant,
+                         ::testing::Values("contiguous", "chunked_rows", "chunked_tiles", "gzip",
+                                           "gzip_shuffle_fletcher", "rank3_int32_labels", "auto_chunks"));
+
+TEST(H5, DirectReadsBypassTheLibrary) {
+  for (const char* name : {"contiguous", "gzip", "gzip_shuffle_fletcher", "chunked_tiles"}) {
+    H5File f = H5File::open(variant(name));
+    RowReader r(f, f.describe("/train/images"));
+    EXPECT_TRUE(r.direct()) << name;
+  }
+  // lzf is h5py's own filter: C programs cannot decode it without the plugin.
+  H5File f = H5File::open(variant("lzf"));
+  EXPECT_FALSE(f.describe("/train/images").directReadable());
+  EXPECT_THROW(RowReader(f, f.describe("/train/images")), DataError);
+}
+
+// Every broken file gives a DataError naming the file and what is wrong.
+void expectDataError(const std::string& file, int64_t minSamples, const std::string& needle) {
+  try {
+    H5File f = H5File::open(file);
+    ImageDataset ds(f, "train", minSamples);
+    std::vector<uint8_t> img(784);
+    int64_t label;
+    ds.read(ds.size() - 1, img.data(), &label, nullptr);
+    FAIL() << "no error for " << file;
+  } catch (const DataError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(file), std::string::npos) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    EXPECT_EQ(e.exitCode(), ExitCode::kBadInput);
+  }
+}
+
+TEST(H5, BadFilesAreClearErrors) {
+  expectDataError(variant("bad_dtype"), 1, "/train/images has type f32, expected u8");
+  expectDataError(variant("bad_rank"), 1, "/train/images has shape [103,784]");
+  expectDataError(variant("bad_count"), 1, "/train/labels has 50 labels for 103 images");
+  expectDataError(variant("missing_labels"), 1, "dataset /train/labels not found");
+  expectDataError(variant("tiny"), 4, "has 2 samples, fewer than the 4 ranks");
+  expectDataError(variant("not_hdf5"), 1, "not an HDF5 file");
+  expectDataError(variant("truncated"), 1, "truncated");
+  expectDataError(variant("truncated_chunked"), 1, "truncated");
+  expectDataError(variant("does_not_exist"), 1, "No such file or directory");
+  expectDataError(variant("lzf"), 1, "/train/images is compressed with HDF5 filter lzf (id 32000)");
+}
+
+TEST(H5, WriterRoundTrip) {
+  const std::string path = test::fixturePath("TEST_FIXTURES") + "/writer_roundtrip.h5";
+  Tensor a = test::randomTensor({5, 7}, 1);
+  Tensor b = Tensor::empty({3}, DType::kI64);
+  for (int i = 0; i < 3; ++i) b.data<int64_t>()[i] = -i * 1000000000000LL;
+  Tensor c = a.toDType(DType::kBF16);
+  {
+    H5Writer w(path);
+    w.write("/x/a", a, 2, 6);
+    w.write("/x/b", b);
+    w.write("/c", c);
+    w.writeStringAttribute("/", "note", "hello");
+    w.writeIntAttribute("/x", "n", 42);
+    w.close();
+  }
+  H5File f = H5File::open(path);
+  EXPECT_EQ(test::relErr(f.readTensor("/x/a"), a), 0.0);
+  EXPECT_EQ(f.readTensor("/x/b").data<int64_t>()[2], -2000000000000LL);
+  Tensor c2 = f.readTensor("/c");
+  EXPECT_EQ(c2.dtype(), DType::kBF16);
+  EXPECT_EQ(std::memcmp(c2.rawData(), c.rawData(), c.nbytes()), 0);
+  EXPECT_EQ(f.readStringAttribute("/", "note"), "hello");
+  EXPECT_EQ(f.readIntAttribute("/x", "n", 0), 42);
+  EXPECT_TRUE(RowReader(f, f.describe("/x/a")).direct());
+}
+
+TEST(H5, ConvertedFashionMnist) {
+  H5File f = H5File::open(test::fixturePath("FASHION_H5"));
+  ImageDataset train(f, "train", 1), test(f, "test", 1);
+  EXPECT_EQ(train.size(), 60000);
+  EXPECT_EQ(test.size(), 10000);
+  EXPECT_EQ(train.spec().numClasses, 10);
+  EXPECT_EQ(train.spec().height, 28);
+  EXPECT_EQ(f.readStringAttribute("/", "format"), "meshtrain-images");
+  std::vector<int64_t> counts(10, 0);
+  std::vector<uint8_t> img(784);
+  for (int64_t i = 0; i < test.size(); ++i) {
+    int64_t label;
+    test.read(i, img.data(), &label, nullptr);
+    ASSERT_GE(label, 0);
+    ASSERT_LT(label, 10);
+    ++counts[static_cast<size_t>(label)];
+  }
+  for (int64_t c : counts) EXPECT_EQ(c, 1000);  // Fashion-MNIST's test set is balanced
+}
+
+}  // namespace
+}  // namespace mt

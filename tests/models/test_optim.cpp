@@ -1,0 +1,79 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "models/optim/GradClip.h"
+#include "models/optim/LrSchedule.h"
+#include "models/optim/Optimizer.h"
+#include "tests/common/TestUtil.h"
+
+namespace mt {
+namespace {
+
+TEST(Schedule, CosineWithWarmup) {
+  LrSchedule s;
+  s.kind = "cosine";
+  s.baseLr = 1.0f;
+  s.minLr = 0.1f;
+  s.warmupSteps = 10;
+  s.totalSteps = 110;
+  EXPECT_FLOAT_EQ(s.at(0), 0.1f);
+  EXPECT_FLOAT_EQ(s.at(9), 1.0f);
+  EXPECT_FLOAT_EQ(s.at(10), 1.0f);
+  EXPECT_NEAR(s.at(60), 0.55f, 1e-6);
+  EXPECT_NEAR(s.at(110), 0.1f, 1e-6);
+  s.kind = "linear";
+  EXPECT_NEAR(s.at(60), 0.55f, 1e-6);
+  s.kind = "constant";
+  s.warmupSteps = 0;
+  EXPECT_FLOAT_EQ(s.at(1000), 1.0f);
+}
+
+TEST(Optim, AdamWMatchesTheFormula) {
+  Tensor p = test::fromVector({1.f, -2.f}, {2}), g = test::fromVector({0.5f, -0.25f}, {2});
+  auto opt = makeOptimizer({"adamw", 0.1f, 0.9f, false, 0.9f, 0.999f, 1e-8f}, {{p, g, true}});
+  double m[2] = {0, 0}, v[2] = {0, 0}, ref[2] = {1.0, -2.0};
+  const double lr = 0.01;
+  for (int t = 1; t <= 3; ++t) {
+    opt->step(static_cast<float>(lr));
+    for (int i = 0; i < 2; ++i) {
+      const double gi = g.data<float>()[i];
+      ref[i] *= 1 - lr * 0.1;
+      m[i] = 0.9 * m[i] + 0.1 * gi;
+      v[i] = 0.999 * v[i] + 0.001 * gi * gi;
+      const double mh = m[i] / (1 - std::pow(0.9, t)), vh = v[i] / (1 - std::pow(0.999, t));
+      ref[i] -= lr * mh / (std::sqrt(vh) + 1e-8);
+      EXPECT_NEAR(p.data<float>()[i], ref[i], 1e-6);
+    }
+  }
+  EXPECT_EQ(opt->stepCount(), 3);
+  EXPECT_EQ(opt->state().size(), 2u);
+}
+
+TEST(Optim, SgdMomentumAndNoDecaySegments) {
+  Tensor p = test::fromVector({1.f}, {1}), g = test::fromVector({1.f}, {1});
+  Tensor q = test::fromVector({1.f}, {1}), h = test::fromVector({0.f}, {1});
+  auto opt = makeOptimizer({"sgd", 0.5f, 0.9f}, {{p, g, true}, {q, h, false}});
+  opt->step(0.1f);  // g' = 1 + 0.5 = 1.5, buf = 1.5
+  EXPECT_NEAR(p.data<float>()[0], 1.f - 0.15f, 1e-7);
+  opt->step(0.1f);  // g' = 1 + 0.5*0.85 = 1.425, buf = 0.9*1.5 + 1.425 = 2.775
+  EXPECT_NEAR(p.data<float>()[0], 0.85f - 0.2775f, 1e-6);
+  EXPECT_FLOAT_EQ(q.data<float>()[0], 1.f);  // zero gradient, no decay: unchanged
+  EXPECT_THROW(makeOptimizer({"lion"}, {}), ConfigError);
+}
+
+TEST(Optim, ClipGradNorm) {
+  Tensor p = Tensor::zeros({2}, DType::kF32), g = test::fromVector({3.f, 4.f}, {2});
+  std::vector<OptimSegment> segs = {{p, g, true}};
+  EXPECT_NEAR(clipGradNorm(segs, 10.f), 5.0, 1e-6);
+  EXPECT_FLOAT_EQ(g.data<float>()[0], 3.f);
+  EXPECT_NEAR(clipGradNorm(segs, 1.f), 5.0, 1e-6);
+  EXPECT_NEAR(g.data<float>()[0], 0.6f, 1e-6);
+  EXPECT_NEAR(g.data<float>()[1], 0.8f, 1e-6);
+  // A sharded norm: the partial sums of squares are added across ranks.
+  g.data<float>()[0] = 3.f, g.data<float>()[1] = 4.f;
+  EXPECT_NEAR(clipGradNorm(segs, 0.f, [](double s) { return 4 * s; }), 10.0, 1e-6);
+}
+
+}  // namespace
+}  // namespace mt
