@@ -93,6 +93,11 @@ class Communicator {
 class LocalCommunicator final : public Communicator {
  public:
   explicit LocalCommunicator(CommOptions options = {}) : Communicator(std::move(options)) {}
+  // The Tensor conveniences of the base class stay visible next to the overrides.
+  using Communicator::allGather;
+  using Communicator::allReduce;
+  using Communicator::broadcast;
+  using Communicator::reduceScatter;
   const char* backend() const override { return "local"; }
   int rank() const override { return 0; }
   int size() const override { return 1; }

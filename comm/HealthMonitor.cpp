@@ -20,7 +20,7 @@ namespace mt {
 namespace {
 
 constexpr int kMaxAddrs = 16;
-constexpr char kHello = 'H', kBye = 'B', kLost = 'L';
+constexpr char kHello = 'H', kBye = 'B', kLost = 'L', kAbort = 'X';
 
 struct Message {
   char kind;
@@ -194,6 +194,15 @@ void HealthMonitor::shutdown() {
     if (fd >= 0) ::close(fd), fd = -1;
 }
 
+void HealthMonitor::announceAbort() {
+  if (!active_ || stopping_) return;
+  reported_ = true;  // this rank is ending anyway: do not also report the peers' reactions
+  std::lock_guard<std::mutex> lock(sendMutex_);
+  if (serverFd_ >= 0) sendMessage(serverFd_, {kAbort, rank_});
+  for (size_t r = 1; r < clientFds_.size(); ++r)
+    if (clientFds_[r] >= 0 && !clientLeft_[r]) sendMessage(clientFds_[r], {kAbort, 0});
+}
+
 void HealthMonitor::report(int rank, const std::string& why) {
   if (stopping_ || reported_.exchange(true)) return;
   if (handler_) handler_(rank, why);
@@ -222,16 +231,18 @@ void HealthMonitor::serverLoop() {
         clientLeft_[static_cast<size_t>(r)] = true;
         continue;
       }
-      if (rc == 1) continue;  // nothing else is sent to rank 0
-      // Connection closed without goodbye: the process is gone.
+      const bool aborted = rc == 1 && m.kind == kAbort;
+      if (rc == 1 && !aborted) continue;  // nothing else is sent to rank 0
+      // An announced abort, or a connection closed without goodbye: the process is gone.
       clientLeft_[static_cast<size_t>(r)] = true;
       {
         std::lock_guard<std::mutex> lock(sendMutex_);
         for (int o = 1; o < size_; ++o)
           if (o != r && clientFds_[static_cast<size_t>(o)] >= 0 && !clientLeft_[static_cast<size_t>(o)])
-            sendMessage(clientFds_[static_cast<size_t>(o)], {kLost, r});
+            sendMessage(clientFds_[static_cast<size_t>(o)], {aborted ? kAbort : kLost, r});
       }
-      report(r, "its connection to rank 0 closed without a goodbye (process killed or crashed)");
+      report(r, aborted ? "it ended the job with an error (its log says why)"
+                        : "its connection to rank 0 closed without a goodbye (process killed or crashed)");
       return;
     }
   }
@@ -248,6 +259,10 @@ void HealthMonitor::clientLoop() {
     if (rc == 1 && m.kind == kBye) return;  // rank 0 finished normally
     if (rc == 1 && m.kind == kLost) {
       report(m.rank, "reported lost by rank 0 (its connection closed without a goodbye)");
+      return;
+    }
+    if (rc == 1 && m.kind == kAbort) {
+      report(m.rank, "it ended the job with an error (its log says why)");
       return;
     }
     if (rc == 1) continue;

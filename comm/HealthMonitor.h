@@ -29,6 +29,8 @@ class HealthMonitor {
   HealthMonitor& operator=(const HealthMonitor&) = delete;
   // Leaves cleanly: peers will not report this rank when its connection closes.
   void shutdown();
+  // This rank is about to end the job with an error: peers report that instead of a lost rank.
+  void announceAbort();
   bool active() const { return active_; }
 
  private:

@@ -28,6 +28,11 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, CommOptions options);
   ~MpiCommunicator() override;
 
+  // The Tensor conveniences of the base class stay visible next to the overrides.
+  using Communicator::allGather;
+  using Communicator::allReduce;
+  using Communicator::broadcast;
+  using Communicator::reduceScatter;
   const char* backend() const override { return "mpi"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }

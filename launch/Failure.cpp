@@ -11,6 +11,8 @@ namespace mt {
 
 void dumpCollectives(Communicator& comm) {
   auto ops = comm.recentOps();
+  const size_t kShown = 10;
+  if (ops.size() > kShown) ops.erase(ops.begin(), ops.end() - kShown);
   MT_LOG_ERROR << "last " << ops.size() << " ops on communicator '" << comm.name() << "' (" << comm.backend()
                << ", rank " << comm.rank() << "/" << comm.size() << "):";
   for (const auto& r : ops) MT_LOG_ERROR << "  " << r.str();
@@ -25,9 +27,10 @@ void onPeerLost(Communicator& world, int lostRank, const std::string& why) {
   std::_Exit(static_cast<int>(ExitCode::kCommFailure));
 }
 
-void abortJob(const std::string& message, ExitCode code, Communicator* world) {
+void abortJob(const std::string& message, ExitCode code, Communicator* world, HealthMonitor* health) {
   MT_LOG_ERROR << "error: " << message;
   if (world) dumpCollectives(*world);
+  if (health) health->announceAbort();
   std::fflush(stdout);
   std::fflush(stderr);
   int initialized = 0, finalized = 0;

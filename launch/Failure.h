@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/Communicator.h"
+#include "comm/HealthMonitor.h"
 #include "core/Error.h"
 
 namespace mt {
@@ -19,6 +20,6 @@ void dumpCollectives(Communicator& comm);
 // Called from the health monitor thread: never returns.
 [[noreturn]] void onPeerLost(Communicator& world, int lostRank, const std::string& why);
 // Logs and ends the job from a training-time error; never returns.
-[[noreturn]] void abortJob(const std::string& message, ExitCode code, Communicator* world);
+[[noreturn]] void abortJob(const std::string& message, ExitCode code, Communicator* world, HealthMonitor* health);
 
 }  // namespace mt

@@ -1,6 +1,7 @@
 #include "launch/Trainer.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -20,42 +21,33 @@ namespace mt {
 
 namespace fs = std::filesystem;
 
-Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), mpi_(mpi) {
-  LogLevel level;
-  if (!parseLogLevel(cfg_.str("run.log_level"), &level)) cfg_.fail("run.log_level", "expected debug, info, warn or error");
-  if (!std::getenv("MT_LOG_LEVEL")) setLogLevel(level);
+Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), s_(Settings::fromConfig(cfg)), mpi_(mpi) {
   for (const auto& name : unknownEnvParams()) {
     if (mpi_.rank() == 0) MT_LOG_WARN << "unknown environment variable " << name << " (see trainer --help-env)";
   }
-  seed_ = static_cast<uint64_t>(cfg_.i64("run.seed"));
-  logInterval_ = cfg_.i64("run.log_interval");
-  if (logInterval_ <= 0) cfg_.fail("run.log_interval", "must be positive");
-  evalInterval_ = cfg_.i64("train.eval_interval");
-  if (evalInterval_ < 0) cfg_.fail("train.eval_interval", "must be >= 0");
-  gradClip_ = static_cast<float>(cfg_.f64("train.grad_clip"));
-  if (gradClip_ < 0) cfg_.fail("train.grad_clip", "must be >= 0");
-  const std::string dev = cfg_.choice("train.device", {"cpu", "cuda"});
-  if (dev == "cuda") cfg_.fail("train.device", "the CUDA backend is not built into this trainer");
+  if (s_.device == "cuda") cfg_.fail("train.device", "the CUDA backend is not built into this trainer");
   setNumThreads(defaultNumThreads(mpi_.localSize()));
-
-  runDir_ = (fs::path(cfg_.str("run.dir")) / cfg_.str("run.name")).string();
+  runDir_ = s_.runDir;
   setupComm();
   setupData();
   setupModel();
   setupOptimizer();
 
+  std::error_code ec;
+  fs::create_directories(runDir_, ec);
+  if (ec) throw IoError("cannot create run directory " + runDir_ + ": " + ec.message());
+  {
+    // Which process is which rank, for operators (and the fault tests) that signal one rank.
+    std::ofstream pid(runDir_ + "/rank" + std::to_string(world_->rank()) + ".pid");
+    pid << ::getpid() << "\n";
+  }
   if (world_->rank() == 0) {
-    std::error_code ec;
-    fs::create_directories(runDir_, ec);
-    if (ec) throw IoError("cannot create run directory " + runDir_ + ": " + ec.message());
     std::ofstream ini(runDir_ + "/config.ini");
     ini << cfg_.toIni();
     if (!ini) throw IoError("cannot write " + runDir_ + "/config.ini");
     metrics_.open(runDir_ + "/metrics.jsonl", /*append=*/false);
   }
-  if (cfg_.flag("run.trace")) {
-    std::error_code ec;
-    fs::create_directories(runDir_, ec);
+  if (s_.trace) {
     trace_ = std::make_unique<std::ofstream>(runDir_ + "/trace.rank" + std::to_string(world_->rank()) + ".jsonl");
   }
 }
@@ -69,19 +61,16 @@ Trainer::~Trainer() {
 void Trainer::setupComm() {
   CommOptions opts;
   opts.name = "world";
-  int64_t timeoutS = envInt(EnvParam::kCommTimeoutS);
-  if (timeoutS <= 0) timeoutS = cfg_.i64("dist.timeout_s");
-  if (timeoutS <= 0) cfg_.fail("dist.timeout_s", "must be positive");
-  opts.timeout = std::chrono::seconds(timeoutS);
-  opts.fingerprint = cfg_.flag("dist.fingerprint") || envInt(EnvParam::kFingerprint) != 0;
-  std::string backend = cfg_.choice("dist.backend", {"auto", "mpi", "local", "nccl"});
+  opts.timeout = s_.timeout;
+  opts.fingerprint = s_.fingerprint;
+  std::string backend = s_.backend;
   if (backend == "nccl") cfg_.fail("dist.backend", "the NCCL backend needs a CUDA build and train.device = cuda");
   if (backend == "auto") backend = mpi_.size() > 1 ? "mpi" : "local";
   if (backend == "local" && mpi_.size() > 1)
     cfg_.fail("dist.backend", "local works for one rank only; this job has " + std::to_string(mpi_.size()));
   if (backend == "local") world_ = std::make_unique<LocalCommunicator>(opts);
   else world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, opts);
-  if (world_->size() > 1 && cfg_.flag("dist.health_monitor")) {
+  if (world_->size() > 1 && s_.healthMonitor) {
     health_ = std::make_unique<HealthMonitor>(
         MPI_COMM_WORLD, [this](int lost, const std::string& why) { onPeerLost(*world_, lost, why); },
         static_cast<int>(envInt(EnvParam::kHealthPort)));
@@ -89,61 +78,26 @@ void Trainer::setupComm() {
 }
 
 void Trainer::setupData() {
-  globalBatch_ = cfg_.i64("train.batch_size");
-  if (globalBatch_ <= 0) cfg_.fail("train.batch_size", "must be positive");
-  if (globalBatch_ % world_->size() != 0)
+  if (s_.globalBatch % world_->size() != 0)
     cfg_.fail("train.batch_size", "the global batch must divide evenly over the " + std::to_string(world_->size()) +
                                       " ranks");
-  localBatch_ = globalBatch_ / world_->size();
-  const std::string lock = cfg_.choice("data.file_locking", {"auto", "on", "off"});
-  FileLocking locking = lock == "on" ? FileLocking::kOn : lock == "off" ? FileLocking::kOff : FileLocking::kAuto;
-  file_ = std::make_unique<H5File>(H5File::open(cfg_.str("data.path"), locking));
-  train_ = std::make_unique<ImageDataset>(*file_, cfg_.str("data.train_split"), world_->size());
-  test_ = std::make_unique<ImageDataset>(*file_, cfg_.str("data.test_split"), world_->size());
-  const std::string mode = cfg_.choice("data.mode", {"memory", "stream"});
-  if (mode == "memory") {
+  localBatch_ = s_.globalBatch / world_->size();
+  file_ = std::make_unique<H5File>(H5File::open(s_.dataPath, s_.locking));
+  train_ = std::make_unique<ImageDataset>(*file_, s_.trainSplit, world_->size());
+  test_ = std::make_unique<ImageDataset>(*file_, s_.testSplit, world_->size());
+  if (s_.dataMode == "memory") {
     train_->loadIntoMemory();
     test_->loadIntoMemory();
   }
-  LoaderOptions lo;
+  LoaderOptions lo = s_.loader;
   lo.batchSize = localBatch_;
-  lo.numWorkers = static_cast<int>(cfg_.i64("data.num_workers"));
-  if (lo.numWorkers < 0) cfg_.fail("data.num_workers", "must be >= 0");
-  lo.prefetchFactor = static_cast<int>(cfg_.i64("data.prefetch_factor"));
-  if (lo.prefetchFactor < 1) cfg_.fail("data.prefetch_factor", "must be >= 1");
-  lo.shuffle = cfg_.flag("data.shuffle");
-  lo.dropLast = true;
-  lo.seed = seed_;
   trainSource_ = std::make_unique<ImageSource>(*train_);
   loader_ = std::make_unique<Loader>(*trainSource_, lo, world_->rank(), world_->size());
-  const int64_t maxSteps = cfg_.i64("train.max_steps");
-  if (maxSteps < 0) cfg_.fail("train.max_steps", "must be >= 0");
-  const int64_t epochs = cfg_.i64("train.epochs");
-  if (maxSteps == 0 && epochs <= 0) cfg_.fail("train.epochs", "must be positive when train.max_steps = 0");
-  totalSteps_ = maxSteps > 0 ? maxSteps : epochs * loader_->batchesPerEpoch();
+  totalSteps_ = s_.maxSteps > 0 ? s_.maxSteps : s_.epochs * loader_->batchesPerEpoch();
 }
 
 void Trainer::setupModel() {
-  ModelConfig mc;
-  mc.type = cfg_.choice("model.type", {"mlp", "cnn", "gpt"});
-  if (mc.type == "gpt") cfg_.fail("model.type", "gpt needs token data; use a gpt config (configs/gpt_tiny.ini)");
-  mc.hidden = cfg_.i64List("model.hidden");
-  for (int64_t h : mc.hidden)
-    if (h <= 0) cfg_.fail("model.hidden", "widths must be positive");
-  mc.activation = cfg_.choice("model.activation", {"relu", "gelu"});
-  mc.dropout = static_cast<float>(cfg_.f64("model.dropout"));
-  if (mc.dropout < 0.f || mc.dropout >= 1.f) cfg_.fail("model.dropout", "must be in [0, 1)");
-  if (!parseLayout(cfg_.str("model.layout"), &mc.layout)) cfg_.fail("model.layout", "expected nhwc or nchw");
-  mc.convChannels = cfg_.i64List("model.conv_channels");
-  for (int64_t c : mc.convChannels)
-    if (c <= 0) cfg_.fail("model.conv_channels", "channels must be positive");
-  mc.kernel = cfg_.i64("model.kernel");
-  if (mc.kernel <= 0 || mc.kernel % 2 == 0) cfg_.fail("model.kernel", "must be a positive odd number");
-  mc.fc = cfg_.i64("model.fc");
-  if (mc.fc <= 0) cfg_.fail("model.fc", "must be positive");
-  mc.inputMean = static_cast<float>(cfg_.f64("model.input_mean"));
-  mc.inputStd = static_cast<float>(cfg_.f64("model.input_std"));
-  if (mc.inputStd <= 0.f) cfg_.fail("model.input_std", "must be positive");
+  const ModelConfig& mc = s_.model;
   InputSpec in = train_->spec();
   if (mc.type == "cnn") {
     int64_t h = in.height, w = in.width;
@@ -155,45 +109,22 @@ void Trainer::setupModel() {
   }
   model_ = buildImageModel(mc, in);
   model_->params().materialize(device_);
-  model_->initParams(seed_);
+  model_->initParams(s_.seed);
   if (world_->size() > 1) {
-    DataParallelOptions o;
-    o.bucketCapMb = cfg_.f64("dist.bucket_cap_mb");
-    o.firstBucketMb = cfg_.f64("dist.first_bucket_mb");
-    if (o.bucketCapMb <= 0) cfg_.fail("dist.bucket_cap_mb", "must be positive");
-    if (o.firstBucketMb <= 0) cfg_.fail("dist.first_bucket_mb", "must be positive");
-    o.rebuildBuckets = cfg_.flag("dist.rebuild_buckets");
-    dp_ = std::make_unique<DataParallel>(model_->params(), *world_, o);
+    dp_ = std::make_unique<DataParallel>(model_->params(), *world_, s_.dp);
     dp_->broadcastParameters(0);
     model_->setHooks(dp_.get());
   }
   if (world_->rank() == 0) {
     MT_LOG_INFO << "model " << model_->name() << ": " << model_->params().numel() << " parameters in "
                 << model_->params().size() << " tensors; " << world_->size() << " rank(s) x batch " << localBatch_
-                << " = global batch " << globalBatch_ << "; " << numThreads() << " thread(s) per rank";
+                << " = global batch " << s_.globalBatch << "; " << numThreads() << " thread(s) per rank";
   }
 }
 
 void Trainer::setupOptimizer() {
-  OptimConfig oc;
-  oc.type = cfg_.choice("optim.type", {"sgd", "adamw"});
-  oc.weightDecay = static_cast<float>(cfg_.f64("optim.weight_decay"));
-  oc.momentum = static_cast<float>(cfg_.f64("optim.momentum"));
-  oc.nesterov = cfg_.flag("optim.nesterov");
-  oc.beta1 = static_cast<float>(cfg_.f64("optim.beta1"));
-  oc.beta2 = static_cast<float>(cfg_.f64("optim.beta2"));
-  oc.eps = static_cast<float>(cfg_.f64("optim.eps"));
-  if (oc.weightDecay < 0) cfg_.fail("optim.weight_decay", "must be >= 0");
-  if (oc.beta1 < 0 || oc.beta1 >= 1) cfg_.fail("optim.beta1", "must be in [0, 1)");
-  if (oc.beta2 < 0 || oc.beta2 >= 1) cfg_.fail("optim.beta2", "must be in [0, 1)");
-  if (oc.nesterov && oc.momentum <= 0) cfg_.fail("optim.nesterov", "needs optim.momentum > 0");
-  optimizer_ = makeOptimizer(oc, segmentsOf(model_->params()));
-  schedule_.kind = cfg_.choice("schedule.kind", {"constant", "cosine", "linear"});
-  schedule_.baseLr = static_cast<float>(cfg_.f64("optim.lr"));
-  if (!(schedule_.baseLr > 0)) cfg_.fail("optim.lr", "must be positive");
-  schedule_.minLr = static_cast<float>(cfg_.f64("schedule.min_lr"));
-  schedule_.warmupSteps = cfg_.i64("schedule.warmup_steps");
-  if (schedule_.warmupSteps < 0) cfg_.fail("schedule.warmup_steps", "must be >= 0");
+  optimizer_ = makeOptimizer(s_.optim, segmentsOf(model_->params()));
+  schedule_ = s_.schedule;
   schedule_.totalSteps = totalSteps_;
 }
 
@@ -201,7 +132,7 @@ LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
   Context ctx;
   ctx.training = true;
   ctx.device = device_;
-  ctx.seed = seed_ ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(world_->rank() + 1));
+  ctx.seed = s_.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(world_->rank() + 1));
   ctx.step = step;
   model_->params().zeroGrads();
   LossStats stats = model_->forward(batch, ctx);
@@ -210,7 +141,7 @@ LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
   model_->backward(ctx);
   if (dp_) dp_->finishBackward();
   if (trace_) writeTrace(step, backwardStartUs);
-  if (gradClip_ > 0.f) clipGradNorm(optimizer_->segments(), gradClip_);
+  if (s_.gradClip > 0.f) clipGradNorm(optimizer_->segments(), s_.gradClip);
   optimizer_->step(schedule_.at(step));
   if (dp_ && dp_->afterStep()) optimizer_->rebind(segmentsOf(model_->params()));
   return stats;
@@ -234,7 +165,7 @@ void Trainer::writeTrace(int64_t step, int64_t backwardStartUs) {
 
 EvalResult Trainer::evaluate() {
   const int W = world_->size(), r = world_->rank();
-  const int64_t localEval = std::max<int64_t>(1, cfg_.i64("train.eval_batch_size") / W);
+  const int64_t localEval = std::max<int64_t>(1, s_.evalBatch / W);
   // Rank r evaluates test examples r, r+W, ...: every example exactly once over all ranks.
   std::vector<int64_t> mine;
   for (int64_t i = r; i < test_->size(); i += W) mine.push_back(i);
@@ -277,7 +208,7 @@ void Trainer::logStep(int64_t step, const LossStats& local, double intervalSecon
   const double count = t.data<double>()[2];
   const double loss = count > 0 ? t.data<double>()[0] / count : 0.0;
   const double acc = count > 0 ? t.data<double>()[1] / count : 0.0;
-  const double sps = intervalSeconds > 0 ? static_cast<double>(intervalSteps * globalBatch_) / intervalSeconds : 0.0;
+  const double sps = intervalSeconds > 0 ? static_cast<double>(intervalSteps * s_.globalBatch) / intervalSeconds : 0.0;
   const double stepTime = intervalSteps > 0 ? intervalSeconds / static_cast<double>(intervalSteps) : 0.0;
   const double eta = stepTime * static_cast<double>(totalSteps_ - step - 1);
   const LoaderPosition pos = loader_->positionOf(step);
@@ -310,7 +241,7 @@ int Trainer::run() {
     intervalWait += loader_->lastWaitSeconds();
     LossStats stats = trainStep(batch, step);
     ++intervalSteps;
-    const bool logNow = (step + 1) % logInterval_ == 0 || step + 1 == totalSteps_;
+    const bool logNow = (step + 1) % s_.logInterval == 0 || step + 1 == totalSteps_;
     if (logNow) {
       logStep(step, stats, interval.elapsed(), intervalSteps, intervalWait);
       interval.reset();
@@ -318,7 +249,7 @@ int Trainer::run() {
       intervalWait = 0.0;
     }
     const bool epochEnd = (step + 1) % loader_->batchesPerEpoch() == 0;
-    const bool evalNow = evalInterval_ > 0 ? (step + 1) % evalInterval_ == 0 : epochEnd;
+    const bool evalNow = s_.evalInterval > 0 ? (step + 1) % s_.evalInterval == 0 : epochEnd;
     if (evalNow) {
       last = evaluate();
       evaluatedAtEnd = step + 1 == totalSteps_;

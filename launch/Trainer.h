@@ -17,6 +17,7 @@
 #include "data/ImageSource.h"
 #include "data/Loader.h"
 #include "launch/Config.h"
+#include "launch/Settings.h"
 #include "launch/Metrics.h"
 #include "models/Model.h"
 #include "models/optim/LrSchedule.h"
@@ -37,6 +38,7 @@ class Trainer {
   // Trains to the configured end; returns the process exit code.
   int run();
   Communicator& world() { return *world_; }
+  HealthMonitor* health() { return health_.get(); }
   const std::string& runDir() const { return runDir_; }
 
  private:
@@ -52,14 +54,12 @@ class Trainer {
   void writeTrace(int64_t step, int64_t backwardStartUs);
 
   Config cfg_;
+  Settings s_;
   MpiEnvironment& mpi_;
   std::string runDir_;
   Device device_ = Device::cpu();
-  uint64_t seed_ = 0;
-  int64_t globalBatch_ = 0, localBatch_ = 0;
+  int64_t localBatch_ = 0;
   int64_t totalSteps_ = 0;
-  int64_t logInterval_ = 100, evalInterval_ = 0;
-  float gradClip_ = 0.f;
 
   std::unique_ptr<Communicator> world_;
   std::unique_ptr<HealthMonitor> health_;

@@ -80,9 +80,9 @@ int main(int argc, char** argv) {
   try {
     code = trainer->run();
   } catch (const mt::Error& e) {
-    mt::abortJob(e.what(), e.exitCode(), &trainer->world());
+    mt::abortJob(e.what(), e.exitCode(), &trainer->world(), trainer->health());
   } catch (const std::exception& e) {
-    mt::abortJob(std::string("internal: ") + e.what(), mt::ExitCode::kFailure, &trainer->world());
+    mt::abortJob(std::string("internal: ") + e.what(), mt::ExitCode::kFailure, &trainer->world(), trainer->health());
   }
   trainer.reset();
   return code;

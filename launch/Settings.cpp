@@ -1,0 +1,118 @@
+#include "launch/Settings.h"
+
+#include <filesystem>
+
+#include "core/EnvParams.h"
+#include "core/Log.h"
+
+namespace mt {
+
+Settings Settings::fromConfig(const Config& c) {
+  Settings s;
+  // run
+  s.runName = c.str("run.name");
+  if (s.runName.empty() || s.runName.find('/') != std::string::npos) c.fail("run.name", "must be a plain name");
+  s.runDir = (std::filesystem::path(c.str("run.dir")) / s.runName).string();
+  s.seed = static_cast<uint64_t>(c.i64("run.seed"));
+  s.logInterval = c.i64("run.log_interval");
+  if (s.logInterval <= 0) c.fail("run.log_interval", "must be positive");
+  s.trace = c.flag("run.trace");
+  LogLevel level;
+  if (!parseLogLevel(c.str("run.log_level"), &level)) c.fail("run.log_level", "expected debug, info, warn or error");
+  if (!std::getenv("MT_LOG_LEVEL")) setLogLevel(level);
+
+  // model
+  ModelConfig& m = s.model;
+  m.type = c.choice("model.type", {"mlp", "cnn", "gpt"});
+  m.hidden = c.i64List("model.hidden");
+  for (int64_t h : m.hidden)
+    if (h <= 0) c.fail("model.hidden", "widths must be positive");
+  m.activation = c.choice("model.activation", {"relu", "gelu"});
+  m.dropout = static_cast<float>(c.f64("model.dropout"));
+  if (m.dropout < 0.f || m.dropout >= 1.f) c.fail("model.dropout", "must be in [0, 1)");
+  if (!parseLayout(c.str("model.layout"), &m.layout)) c.fail("model.layout", "expected nhwc or nchw");
+  m.convChannels = c.i64List("model.conv_channels");
+  if (m.convChannels.empty()) c.fail("model.conv_channels", "needs at least one stage");
+  for (int64_t ch : m.convChannels)
+    if (ch <= 0) c.fail("model.conv_channels", "channels must be positive");
+  m.kernel = c.i64("model.kernel");
+  if (m.kernel <= 0 || m.kernel % 2 == 0) c.fail("model.kernel", "must be a positive odd number");
+  m.fc = c.i64("model.fc");
+  if (m.fc <= 0) c.fail("model.fc", "must be positive");
+  m.inputMean = static_cast<float>(c.f64("model.input_mean"));
+  m.inputStd = static_cast<float>(c.f64("model.input_std"));
+  if (m.inputStd <= 0.f) c.fail("model.input_std", "must be positive");
+  if (m.type == "gpt") c.fail("model.type", "gpt needs token data; use a gpt config (configs/gpt_tiny.ini)");
+
+  // data
+  s.dataPath = c.str("data.path");
+  s.trainSplit = c.str("data.train_split");
+  s.testSplit = c.str("data.test_split");
+  s.dataMode = c.choice("data.mode", {"memory", "stream"});
+  const std::string lock = c.choice("data.file_locking", {"auto", "on", "off"});
+  s.locking = lock == "on" ? FileLocking::kOn : lock == "off" ? FileLocking::kOff : FileLocking::kAuto;
+  s.loader.numWorkers = static_cast<int>(c.i64("data.num_workers"));
+  if (s.loader.numWorkers < 0) c.fail("data.num_workers", "must be >= 0");
+  s.loader.prefetchFactor = static_cast<int>(c.i64("data.prefetch_factor"));
+  if (s.loader.prefetchFactor < 1) c.fail("data.prefetch_factor", "must be >= 1");
+  s.loader.shuffle = c.flag("data.shuffle");
+  s.loader.dropLast = true;
+  s.loader.seed = s.seed;
+
+  // train
+  s.epochs = c.i64("train.epochs");
+  s.maxSteps = c.i64("train.max_steps");
+  if (s.maxSteps < 0) c.fail("train.max_steps", "must be >= 0");
+  if (s.maxSteps == 0 && s.epochs <= 0) c.fail("train.epochs", "must be positive when train.max_steps = 0");
+  s.globalBatch = c.i64("train.batch_size");
+  if (s.globalBatch <= 0) c.fail("train.batch_size", "must be positive");
+  s.evalBatch = c.i64("train.eval_batch_size");
+  if (s.evalBatch <= 0) c.fail("train.eval_batch_size", "must be positive");
+  s.evalInterval = c.i64("train.eval_interval");
+  if (s.evalInterval < 0) c.fail("train.eval_interval", "must be >= 0");
+  s.device = c.choice("train.device", {"cpu", "cuda"});
+  s.gradClip = static_cast<float>(c.f64("train.grad_clip"));
+  if (s.gradClip < 0) c.fail("train.grad_clip", "must be >= 0");
+
+  // optim
+  OptimConfig& o = s.optim;
+  o.type = c.choice("optim.type", {"sgd", "adamw"});
+  o.weightDecay = static_cast<float>(c.f64("optim.weight_decay"));
+  o.momentum = static_cast<float>(c.f64("optim.momentum"));
+  o.nesterov = c.flag("optim.nesterov");
+  o.beta1 = static_cast<float>(c.f64("optim.beta1"));
+  o.beta2 = static_cast<float>(c.f64("optim.beta2"));
+  o.eps = static_cast<float>(c.f64("optim.eps"));
+  if (o.weightDecay < 0) c.fail("optim.weight_decay", "must be >= 0");
+  if (o.momentum < 0 || o.momentum >= 1) c.fail("optim.momentum", "must be in [0, 1)");
+  if (o.beta1 < 0 || o.beta1 >= 1) c.fail("optim.beta1", "must be in [0, 1)");
+  if (o.beta2 < 0 || o.beta2 >= 1) c.fail("optim.beta2", "must be in [0, 1)");
+  if (!(o.eps > 0)) c.fail("optim.eps", "must be positive");
+  if (o.nesterov && o.momentum <= 0) c.fail("optim.nesterov", "needs optim.momentum > 0");
+  s.schedule.kind = c.choice("schedule.kind", {"constant", "cosine", "linear"});
+  s.schedule.baseLr = static_cast<float>(c.f64("optim.lr"));
+  if (!(s.schedule.baseLr > 0)) c.fail("optim.lr", "must be positive");
+  s.schedule.minLr = static_cast<float>(c.f64("schedule.min_lr"));
+  if (s.schedule.minLr < 0) c.fail("schedule.min_lr", "must be >= 0");
+  s.schedule.warmupSteps = c.i64("schedule.warmup_steps");
+  if (s.schedule.warmupSteps < 0) c.fail("schedule.warmup_steps", "must be >= 0");
+
+  // dist
+  s.backend = c.choice("dist.backend", {"auto", "mpi", "local", "nccl"});
+  s.dp.bucketCapMb = c.f64("dist.bucket_cap_mb");
+  if (!(s.dp.bucketCapMb > 0)) c.fail("dist.bucket_cap_mb", "must be positive");
+  s.dp.firstBucketMb = c.f64("dist.first_bucket_mb");
+  if (!(s.dp.firstBucketMb > 0)) c.fail("dist.first_bucket_mb", "must be positive");
+  s.dp.rebuildBuckets = c.flag("dist.rebuild_buckets");
+  int64_t timeout = envInt(EnvParam::kCommTimeoutS);
+  if (timeout <= 0) {
+    timeout = c.i64("dist.timeout_s");
+    if (timeout <= 0) c.fail("dist.timeout_s", "must be positive");
+  }
+  s.timeout = std::chrono::seconds(timeout);
+  s.fingerprint = c.flag("dist.fingerprint") || envInt(EnvParam::kFingerprint) != 0;
+  s.healthMonitor = c.flag("dist.health_monitor");
+  return s;
+}
+
+}  // namespace mt

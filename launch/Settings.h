@@ -1,0 +1,47 @@
+#pragma once
+// The typed, validated form of a Config. Every key is parsed and checked here, before any file is
+// opened or any rank talks to another, so a bad value is reported first and identically on every
+// rank. Checks that need the data (e.g. the CNN's pooling against the image size) come later.
+
+#include <chrono>
+#include <string>
+
+#include "comm/DataParallel.h"
+#include "data/H5File.h"
+#include "data/Loader.h"
+#include "launch/Config.h"
+#include "models/ModelConfig.h"
+#include "models/optim/LrSchedule.h"
+#include "models/optim/Optimizer.h"
+
+namespace mt {
+
+struct Settings {
+  // run
+  std::string runName, runDir;  // runDir = <run.dir>/<run.name>
+  uint64_t seed = 0;
+  int64_t logInterval = 100;
+  bool trace = false;
+  // model
+  ModelConfig model;
+  // data
+  std::string dataPath, trainSplit, testSplit, dataMode;
+  FileLocking locking = FileLocking::kAuto;
+  LoaderOptions loader;  // batchSize is filled in per rank
+  // train
+  int64_t epochs = 0, maxSteps = 0, globalBatch = 0, evalBatch = 0, evalInterval = 0;
+  std::string device = "cpu";
+  float gradClip = 0.f;
+  // optim + schedule (totalSteps filled in once the data is known)
+  OptimConfig optim;
+  LrSchedule schedule;
+  // dist
+  std::string backend = "auto";
+  DataParallelOptions dp;
+  std::chrono::seconds timeout{300};
+  bool fingerprint = false, healthMonitor = true;
+
+  static Settings fromConfig(const Config& cfg);
+};
+
+}  // namespace mt

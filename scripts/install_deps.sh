@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs meshtrain's build and test dependencies from Debian 12 packages, only if missing.
+# Usage: scripts/install_deps.sh [--with-slurm]
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libopenmpi-dev openmpi-bin
+  libhdf5-dev zlib1g-dev
+  libboost-program-options-dev
+  libgtest-dev
+  libopenblas-dev
+  libpugixml-dev nlohmann-json3-dev
+  python3 python3-numpy python3-h5py python3-torch python3-matplotlib
+  dataset-fashion-mnist
+)
+if [[ "${1:-}" == "--with-slurm" ]]; then
+  packages+=(slurm-wlm munge)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+sudo=""
+if [[ $EUID -ne 0 ]]; then
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""End-to-end checks of build/bin/trainer: bad input gives one clear line and exit code 2 on every
+rank; a short run writes config.ini, metrics.jsonl and the final line."""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+TRAINER = os.environ["TRAINER"]
+FASHION = os.environ["FASHION_H5"]
+VARIANTS = os.environ["H5_VARIANTS"]
+
+
+def run(args, np=1, timeout=300, env=None):
+    cmd = ([TRAINER] if np == 1 else ["mpirun", "-np", str(np), TRAINER]) + args
+    e = dict(os.environ, **(env or {}))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+    return p.returncode, p.stdout, p.stderr
+
+
+def error_lines(stderr):
+    return [l for l in stderr.splitlines() if "error" in l]
+
+
+class BadInput(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def ini(self, text):
+        path = os.path.join(self.dir, "run.ini")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def expect_error(self, args, needles, np=1):
+        code, out, err = run(args + [f"--run.dir={self.dir}"], np=np)
+        self.assertEqual(code, 2, f"exit code {code}\n{err}")
+        lines = error_lines(err)
+        self.assertEqual(len(lines), 1, f"expected one error line:\n{err}")
+        for n in needles:
+            self.assertIn(n, lines[0])
+        return lines[0]
+
+    def test_unknown_key_in_file(self):
+        path = self.ini("[train]\nepochs = 1\nlrr = 0.1\n")
+        self.expect_error(["--config", path], [path, "unknown key 'train.lrr'"])
+
+    def test_unknown_section_key(self):
+        path = self.ini("[trian]\nepochs = 1\n")
+        self.expect_error(["--config", path], [path, "unknown key 'trian.epochs'"])
+
+    def test_unknown_override(self):
+        self.expect_error(["--train.epoch=3"], ["--train.epoch", "unknown key"])
+
+    def test_bad_values(self):
+        self.expect_error(["--train.batch_size=abc"], ["train.batch_size = 'abc'", "not an integer"])
+        self.expect_error(["--optim.lr=-1"], ["optim.lr = '-1'", "must be positive"])
+        self.expect_error(["--model.type=resnet"], ["model.type = 'resnet'", "expected one of mlp, cnn, gpt"])
+        self.expect_error(["--data.shuffle=maybe"], ["data.shuffle", "not a boolean"])
+        path = self.ini("[model]\nhidden = 256,x\n")
+        self.expect_error(["--config", path], [path, "model.hidden = '256,x'"])
+
+    def test_missing_files(self):
+        missing = os.path.join(self.dir, "nope.ini")
+        self.expect_error(["--config", missing], [missing, "No such file"])
+        self.expect_error([f"--data.path={self.dir}/nope.h5"], [f"{self.dir}/nope.h5", "No such file"])
+
+    def test_bad_dataset(self):
+        bad = os.path.join(VARIANTS, "bad_dtype.h5")
+        self.expect_error([f"--data.path={bad}"], [bad, "/train/images has type f32, expected u8"])
+
+    def test_every_rank_exits_2(self):
+        line = self.expect_error(["--train.batch_size=3"], ["train.batch_size", "divide evenly over the 2 ranks"], np=2)
+        self.assertIn("[r0]", line)
+        missing = os.path.join(self.dir, "nope.h5")
+        self.expect_error([f"--data.path={missing}"], [missing], np=2)
+
+
+class ShortRun(unittest.TestCase):
+    def test_writes_run_directory(self):
+        with tempfile.TemporaryDirectory() as d:
+            code, out, err = run(["--config", os.path.join(os.environ["SOURCE_DIR"], "configs/fashion_mlp.ini"),
+                                  f"--data.path={FASHION}", f"--run.dir={d}", "--run.name=short",
+                                  "--train.max_steps=40", "--run.log_interval=10", "--train.eval_batch_size=2000"],
+                                 np=2)
+            self.assertEqual(code, 0, err)
+            final = [l for l in out.splitlines() if l.startswith("final ")]
+            self.assertEqual(len(final), 1, out)
+            self.assertRegex(final[0], r"^final test_accuracy=0\.\d{4} test_loss=\d+\.\d{4}$")
+            acc = float(final[0].split()[1].split("=")[1])
+            self.assertGreater(acc, 0.5)  # 40 steps of Adam already learn most of it
+            records = [json.loads(l) for l in open(os.path.join(d, "short", "metrics.jsonl"))]
+            steps = [r for r in records if r["type"] == "step"]
+            self.assertEqual([r["step"] for r in steps], [10, 20, 30, 40])
+            self.assertLess(steps[-1]["loss"], steps[0]["loss"])
+            for key in ("loss", "lr", "samples_per_s", "data_wait_s", "epoch"):
+                self.assertIn(key, steps[0])
+            self.assertEqual(records[-1]["type"], "final")
+            ini = open(os.path.join(d, "short", "config.ini")).read()
+            self.assertIn("[train]\nepochs = 10\nmax_steps = 40\n", ini)
+            # The resolved config reproduces the run.
+            code2, out2, _ = run(["--config", os.path.join(d, "short", "config.ini"), "--run.name=again"], np=2)
+            self.assertEqual(code2, 0)
+            self.assertEqual([l for l in out2.splitlines() if l.startswith("final ")], final)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
