@@ -109,5 +109,23 @@ class ShortRun(unittest.TestCase):
             self.assertEqual([l for l in out2.splitlines() if l.startswith("final ")], final)
 
 
+class Docs(unittest.TestCase):
+    def test_readme_lists_every_key_and_ci_runs_its_test_command(self):
+        src = os.environ["SOURCE_DIR"]
+        readme = open(os.path.join(src, "README.md")).read()
+        code, out, _ = run(["--help"])
+        self.assertEqual(code, 0)
+        keys = [l.split(" = ")[0].strip() for l in out.splitlines() if l.startswith("  ") and " = " in l
+                and not l.startswith("      ")]
+        self.assertGreater(len(keys), 40)
+        for k in keys:
+            self.assertIn(f"`{k}`", readme, f"README's configuration reference lacks {k}")
+        quick = readme.split("## Quick start", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+        commands = [l.split("#")[0].strip() for l in quick.strip().splitlines() if l.split("#")[0].strip()]
+        self.assertEqual(len(commands), 2, commands)
+        ci = open(os.path.join(src, ".ci/run")).read()
+        self.assertIn(commands[1], ci)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
