@@ -4,14 +4,6 @@
 
 namespace mt {
 
-std::shared_ptr<Work> Communicator::newWork(CollectiveOp op, size_t bytes, DType dtype) {
-  std::lock_guard<std::mutex> lock(historyMutex_);
-  auto w = std::make_shared<Work>(nextSeq_++, op, bytes, dtype, options_.name);
-  history_.push_back(w);
-  if (history_.size() > kHistory) history_.pop_front();
-  return w;
-}
-
 std::vector<CollectiveRecord> Communicator::recentOps() {
   std::lock_guard<std::mutex> lock(historyMutex_);
   std::vector<CollectiveRecord> out;

@@ -78,8 +78,15 @@ class Communicator {
   int64_t opsIssued();
 
  protected:
-  // Backends call this for every op they create, in issue order.
-  std::shared_ptr<Work> newWork(CollectiveOp op, size_t bytes, DType dtype);
+  // Backends call this for every op they create, in issue order (W: the backend's Work type).
+  template <typename W = Work>
+  std::shared_ptr<W> newWork(CollectiveOp op, size_t bytes, DType dtype) {
+    std::lock_guard<std::mutex> lock(historyMutex_);
+    auto w = std::make_shared<W>(nextSeq_++, op, bytes, dtype, options_.name);
+    history_.push_back(w);
+    if (history_.size() > kHistory) history_.pop_front();
+    return w;
+  }
 
  private:
   static constexpr size_t kHistory = 32;

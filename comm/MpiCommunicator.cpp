@@ -11,6 +11,11 @@
 #include "core/MpiCheck.h"
 #include "core/Timer.h"
 
+#ifdef MT_WITH_CUDA
+#include "core/cuda/CudaCheck.h"
+#include "core/cuda/CudaRuntime.h"
+#endif
+
 namespace mt {
 
 namespace {
@@ -149,8 +154,18 @@ MpiCommunicator::~MpiCommunicator() {
 
 std::shared_ptr<Work> MpiCommunicator::enqueue(CollectiveOp op, size_t bytes, DType dtype, Descriptor desc,
                                                std::function<void(Task&)> run, std::function<void()> finish,
-                                               bool p2p) {
+                                               bool p2p, Device device) {
   auto task = std::make_unique<Task>();
+  if (device.isCuda()) {
+#ifdef MT_WITH_CUDA
+    // The progress thread copies the buffer to the host once the caller's stream has produced it.
+    auto ev = std::make_shared<CudaEvent>();
+    ev->record(currentStream());
+    task->deviceReady = ev;
+#else
+    throw InternalError("device buffer on the MPI backend in a build without CUDA");
+#endif
+  }
   task->work = newWork(op, bytes, dtype);
   task->desc = desc;
   task->desc.op = static_cast<int64_t>(op);
@@ -221,6 +236,9 @@ bool MpiCommunicator::pollPointToPoint() {
 
 void MpiCommunicator::progressLoop() {
   int idleSpins = 0;
+#ifdef MT_WITH_CUDA
+  std::unique_ptr<CudaStream> staging;  // this thread's stream for host staging copies
+#endif
   while (true) {
     std::unique_ptr<Task> task;
     {
@@ -243,6 +261,16 @@ void MpiCommunicator::progressLoop() {
       }
       task->work->markStarted();
       try {
+#ifdef MT_WITH_CUDA
+        if (task->deviceReady) {
+          if (!staging) {
+            CUDA_CHECK(cudaSetDevice(CudaRuntime::require().device()));
+            staging = std::make_unique<CudaStream>();
+            setCurrentStream(staging->get());
+          }
+          static_cast<CudaEvent*>(task->deviceReady.get())->synchronize();
+        }
+#endif
         // Point-to-point ops involve two ranks only, so they cannot be compared across all.
         if (fingerprintComm_ != MPI_COMM_NULL && !task->p2p) checkFingerprint(task->desc, task->work->seq());
         task->run(*task);
@@ -319,7 +347,8 @@ std::shared_ptr<Work> MpiCommunicator::allReduce(void* buf, size_t count, DType 
           }
           if (op == ReduceOp::kAvg) divideInPlace(p, count, dtype, n);
         });
-      });
+      },
+      nullptr, false, device);
 }
 
 std::shared_ptr<Work> MpiCommunicator::reduceScatter(const void* in, void* out, size_t countPerRank, DType dtype,
@@ -338,7 +367,8 @@ std::shared_ptr<Work> MpiCommunicator::reduceScatter(const void* in, void* out, 
                        if (op == ReduceOp::kAvg) divideInPlace(hout, countPerRank, dtype, n);
                      });
                    });
-                 });
+                 },
+                 nullptr, false, device);
 }
 
 std::shared_ptr<Work> MpiCommunicator::allGather(const void* in, void* out, size_t countPerRank, DType dtype,
@@ -355,7 +385,8 @@ std::shared_ptr<Work> MpiCommunicator::allGather(const void* in, void* out, size
                                                static_cast<int>(countPerRank), mpiType(dtype), comm));
                      });
                    });
-                 });
+                 },
+                 nullptr, false, device);
 }
 
 std::shared_ptr<Work> MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root, Device device) {
@@ -373,7 +404,8 @@ std::shared_ptr<Work> MpiCommunicator::broadcast(void* buf, size_t count, DType 
                        MPI_CHECK(MPI_Bcast(c + off * dtypeSize(dtype), len, mpiType(dtype), root, comm));
                      }
                    });
-                 });
+                 },
+                 nullptr, false, device);
 }
 
 std::shared_ptr<Work> MpiCommunicator::barrier() {
@@ -402,7 +434,7 @@ std::shared_ptr<Work> MpiCommunicator::send(const void* buf, size_t count, DType
         MpiCallGuard g;
         MPI_CHECK(MPI_Isend(p, static_cast<int>(count), mpiType(dtype), peer, /*tag=*/7, comm, &t.request));
       },
-      [staging] { staging->clear(); }, /*p2p=*/true);
+      [staging] { staging->clear(); }, /*p2p=*/true, device);
 }
 
 std::shared_ptr<Work> MpiCommunicator::recv(void* buf, size_t count, DType dtype, int peer, Device device) {
@@ -425,7 +457,7 @@ std::shared_ptr<Work> MpiCommunicator::recv(void* buf, size_t count, DType dtype
       [=] {
         if (!device.isCpu()) copyBytes(buf, device, staging->data(), Device::cpu(), bytes);
       },
-      /*p2p=*/true);
+      /*p2p=*/true, device);
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {

@@ -61,11 +61,12 @@ class MpiCommunicator final : public Communicator {
     std::function<void(Task&)> run;        // collectives: blocking; p2p: posts and sets `request`
     MPI_Request request = MPI_REQUEST_NULL;
     std::function<void()> finish;          // after completion (avg division, unstaging)
+    std::shared_ptr<void> deviceReady;     // CUDA event on the caller's stream (device buffers)
   };
 
   std::shared_ptr<Work> enqueue(CollectiveOp op, size_t bytes, DType dtype, Descriptor desc,
                                 std::function<void(Task&)> run, std::function<void()> finish = nullptr,
-                                bool p2p = false);
+                                bool p2p = false, Device device = Device::cpu());
   void progressLoop();
   bool pollPointToPoint();
   void checkFingerprint(const Descriptor& d, int64_t seq);

@@ -48,15 +48,27 @@ bool Work::isCompleted() {
   return done_;
 }
 
-void Work::wait(std::chrono::milliseconds timeout) {
+std::string Work::timeoutMessage(std::chrono::milliseconds timeout) {
+  bool started;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    started = startedUs_ != 0;
+  }
+  std::ostringstream os;
+  os << "collective timeout on communicator '" << comm_ << "': " << collectiveName(op_) << " #" << seq_ << " of "
+     << bytes_ << " bytes (" << dtypeName(dtype_) << ") did not complete within "
+     << std::chrono::duration<double>(timeout).count() << " s ("
+     << (started ? "started, waiting for peers" : "never started: an earlier op is stuck") << ")";
+  return os.str();
+}
+
+void Work::wait(std::chrono::milliseconds timeout) { waitHost(timeout); }
+
+void Work::waitHost(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
-    std::ostringstream os;
-    os << "collective timeout on communicator '" << comm_ << "': " << collectiveName(op_) << " #" << seq_ << " of "
-       << bytes_ << " bytes (" << dtypeName(dtype_) << ") did not complete within "
-       << std::chrono::duration<double>(timeout).count() << " s ("
-       << (startedUs_ ? "started, waiting for peers" : "never started: an earlier op is stuck") << ")";
-    throw TimeoutError(os.str());
+    lock.unlock();
+    throw TimeoutError(timeoutMessage(timeout));
   }
   if (error_) std::rethrow_exception(error_);
 }

@@ -38,14 +38,24 @@ class Work {
 
   bool isCompleted();
   // Blocks until done. Throws TimeoutError naming the op when `timeout` passes first, or the
-  // error the op failed with (a lost peer, an MPI/NCCL error).
-  void wait(std::chrono::milliseconds timeout);
+  // error the op failed with (a lost peer, an MPI/NCCL error). Device-stream backends (NCCL)
+  // override it to order the caller's current stream after the op instead (see Communicator.h).
+  virtual void wait(std::chrono::milliseconds timeout);
   // Called by the backend.
   void markStarted();
   void markCompleted();
   void markFailed(std::exception_ptr error);
   CollectiveRecord record();
   int64_t seq() const { return seq_; }
+  CollectiveOp op() const { return op_; }
+  size_t bytes() const { return bytes_; }
+  const std::string& commName() const { return comm_; }
+  // The message a timeout of this op reports.
+  std::string timeoutMessage(std::chrono::milliseconds timeout);
+
+ protected:
+  // Host wait for completion (the base behaviour of wait()).
+  void waitHost(std::chrono::milliseconds timeout);
 
  private:
   const int64_t seq_;

@@ -49,7 +49,9 @@ const std::vector<ConfigKey>& configSchema() {
       {"train.batch_size", "128", "GLOBAL batch size, split evenly over ranks"},
       {"train.eval_batch_size", "1000", "global batch size for evaluation"},
       {"train.eval_interval", "0", "steps between evaluations (0: at the end of every epoch)"},
-      {"train.device", "cpu", "cpu or cuda"},
+      {"train.device", "cpu", "cpu or cuda (GPU = node-local rank modulo the visible GPUs)"},
+      {"train.precision", "f32", "f32, bf16 (bf16 matmuls, f32 master weights) or f16 (plus dynamic loss scaling)"},
+      {"train.memory_cap_mb", "0", "cuda: cap on GPU memory the caching allocator may reserve (0: none)"},
       {"train.grad_clip", "0", "clip the global gradient norm to this (0: off)"},
       // optim
       {"optim.type", "adamw", "sgd or adamw"},
@@ -65,7 +67,7 @@ const std::vector<ConfigKey>& configSchema() {
       {"schedule.warmup_steps", "0", "linear warmup steps"},
       {"schedule.min_lr", "0", "final learning rate of cosine/linear decay"},
       // dist
-      {"dist.backend", "auto", "auto (mpi with several ranks, local alone), mpi, local or nccl"},
+      {"dist.backend", "auto", "auto (nccl on GPUs, mpi on CPUs, local for one rank), mpi, local or nccl"},
       {"dist.bucket_cap_mb", "25", "gradient bucket size in MiB"},
       {"dist.first_bucket_mb", "1", "size of the first (last layers') bucket in MiB"},
       {"dist.rebuild_buckets", "false", "rebuild buckets after step 1 from the observed gradient order"},

@@ -71,6 +71,10 @@ Settings Settings::fromConfig(const Config& c) {
   s.evalInterval = c.i64("train.eval_interval");
   if (s.evalInterval < 0) c.fail("train.eval_interval", "must be >= 0");
   s.device = c.choice("train.device", {"cpu", "cuda"});
+  s.precision = c.choice("train.precision", {"f32", "bf16", "f16"});
+  if (s.precision != "f32" && s.device != "cuda") c.fail("train.precision", "bf16 and f16 need train.device = cuda");
+  s.memoryCapMb = c.i64("train.memory_cap_mb");
+  if (s.memoryCapMb < 0) c.fail("train.memory_cap_mb", "must be >= 0");
   s.gradClip = static_cast<float>(c.f64("train.grad_clip"));
   if (s.gradClip < 0) c.fail("train.grad_clip", "must be >= 0");
 

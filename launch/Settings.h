@@ -31,6 +31,8 @@ struct Settings {
   // train
   int64_t epochs = 0, maxSteps = 0, globalBatch = 0, evalBatch = 0, evalInterval = 0;
   std::string device = "cpu";
+  std::string precision = "f32";
+  int64_t memoryCapMb = 0;
   float gradClip = 0.f;
   // optim + schedule (totalSteps filled in once the data is known)
   OptimConfig optim;

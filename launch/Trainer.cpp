@@ -17,6 +17,12 @@
 #include "models/ModelConfig.h"
 #include "models/optim/GradClip.h"
 
+#ifdef MT_WITH_CUDA
+#include "comm/NcclCommunicator.h"
+#include "core/cuda/CudaMemory.h"
+#include "core/cuda/CudaRuntime.h"
+#endif
+
 namespace mt {
 
 namespace fs = std::filesystem;
@@ -25,9 +31,9 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), s_(Setting
   for (const auto& name : unknownEnvParams()) {
     if (mpi_.rank() == 0) MT_LOG_WARN << "unknown environment variable " << name << " (see trainer --help-env)";
   }
-  if (s_.device == "cuda") cfg_.fail("train.device", "the CUDA backend is not built into this trainer");
   setNumThreads(defaultNumThreads(mpi_.localSize()));
   runDir_ = s_.runDir;
+  setupDevice();
   setupComm();
   setupData();
   setupModel();
@@ -53,9 +59,39 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), s_(Setting
 }
 
 Trainer::~Trainer() {
-  // Tear down in reverse dependency order: loader threads first, the communicator last.
+  // Tear down in reverse dependency order: loader threads, GPU tensors, communicators, the device.
   loader_.reset();
   if (health_) health_->shutdown();
+  optimizer_.reset();
+  dp_.reset();
+  model_.reset();
+  world_.reset();
+}
+
+void Trainer::setupDevice() {
+  if (s_.device != "cuda") return;
+#ifdef MT_WITH_CUDA
+  const int n = cudaDeviceCountOrZero();
+  if (n == 0) cfg_.fail("train.device", "no CUDA device is visible to rank " + std::to_string(mpi_.rank()));
+  cuda_ = std::make_unique<CudaRuntime>(mpi_.localRank() % n);
+  device_ = cuda_->dev();
+  cuda_->setMatmulPrecision(s_.precision == "bf16"   ? MatmulPrecision::kBF16
+                            : s_.precision == "f16" ? MatmulPrecision::kF16
+                                                    : MatmulPrecision::kF32);
+  if (s_.memoryCapMb > 0) cuda_->allocator().setMemoryCap(static_cast<size_t>(s_.memoryCapMb) << 20);
+  if (s_.precision == "f16") scaler_ = std::make_unique<LossScaler>();
+  MT_LOG_DEBUG << "rank " << mpi_.rank() << " on GPU " << cuda_->device() << " (" << cuda_->deviceName() << ")";
+#else
+  cfg_.fail("train.device", "this trainer was built without CUDA");
+#endif
+}
+
+Batch Trainer::toDevice(const Batch& b) const {
+  if (device_.isCpu()) return b;
+  Batch d;
+  d.inputs = b.inputs.to(device_);
+  d.targets = b.targets.to(device_);
+  return d;
 }
 
 void Trainer::setupComm() {
@@ -64,12 +100,21 @@ void Trainer::setupComm() {
   opts.timeout = s_.timeout;
   opts.fingerprint = s_.fingerprint;
   std::string backend = s_.backend;
-  if (backend == "nccl") cfg_.fail("dist.backend", "the NCCL backend needs a CUDA build and train.device = cuda");
-  if (backend == "auto") backend = mpi_.size() > 1 ? "mpi" : "local";
+  if (backend == "nccl" && !device_.isCuda()) cfg_.fail("dist.backend", "nccl needs train.device = cuda");
+  if (backend == "auto") backend = mpi_.size() > 1 ? (device_.isCuda() ? "nccl" : "mpi") : "local";
   if (backend == "local" && mpi_.size() > 1)
     cfg_.fail("dist.backend", "local works for one rank only; this job has " + std::to_string(mpi_.size()));
-  if (backend == "local") world_ = std::make_unique<LocalCommunicator>(opts);
-  else world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, opts);
+  if (backend == "local") {
+    world_ = std::make_unique<LocalCommunicator>(opts);
+  } else if (backend == "nccl") {
+#ifdef MT_WITH_CUDA
+    world_ = std::make_unique<NcclCommunicator>(MPI_COMM_WORLD, opts, [this](const std::string& why) {
+      abortJob(why, ExitCode::kCommFailure, nullptr, health_.get());
+    });
+#endif
+  } else {
+    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, opts);
+  }
   if (world_->size() > 1 && s_.healthMonitor) {
     health_ = std::make_unique<HealthMonitor>(
         MPI_COMM_WORLD, [this](int lost, const std::string& why) { onPeerLost(*world_, lost, why); },
@@ -110,7 +155,8 @@ void Trainer::setupModel() {
   model_ = buildImageModel(mc, in);
   model_->params().materialize(device_);
   model_->initParams(s_.seed);
-  if (world_->size() > 1) {
+  // An explicitly chosen backend is used even by a single rank (so a 1-rank NCCL run exercises it).
+  if (world_->size() > 1 || std::string(world_->backend()) != "local") {
     dp_ = std::make_unique<DataParallel>(model_->params(), *world_, s_.dp);
     dp_->broadcastParameters(0);
     model_->setHooks(dp_.get());
@@ -134,15 +180,28 @@ LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
   ctx.device = device_;
   ctx.seed = s_.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(world_->rank() + 1));
   ctx.step = step;
+  ctx.lossScale = scaler_ ? scaler_->scale() : 1.f;
   model_->params().zeroGrads();
-  LossStats stats = model_->forward(batch, ctx);
+  LossStats stats = model_->forward(toDevice(batch), ctx);
   const int64_t backwardStartUs = wallMicros();
   if (dp_) dp_->beginBackward(true);
   model_->backward(ctx);
   if (dp_) dp_->finishBackward();
   if (trace_) writeTrace(step, backwardStartUs);
-  if (s_.gradClip > 0.f) clipGradNorm(optimizer_->segments(), s_.gradClip);
-  optimizer_->step(schedule_.at(step));
+  bool apply = true;
+  if (scaler_) {
+    // Every rank skips the same steps: the found-inf flag is or-ed over the world.
+    apply = scaler_->unscaleAndCheck(optimizer_->segments(), [this](bool found) {
+      return world_->allReduceScalar(found ? 1.0 : 0.0, ReduceOp::kMax) > 0.0;
+    });
+    if (!apply && world_->rank() == 0)
+      MT_LOG_WARN << "step " << step + 1 << ": inf/nan gradients, step skipped, loss scale now " << scaler_->scale();
+  }
+  if (apply) {
+    if (s_.gradClip > 0.f) clipGradNorm(optimizer_->segments(), s_.gradClip);
+    optimizer_->step(schedule_.at(step));
+    if (scaler_) scaler_->update();
+  }
   if (dp_ && dp_->afterStep()) optimizer_->rebind(segmentsOf(model_->params()));
   return stats;
 }
@@ -179,7 +238,7 @@ EvalResult Trainer::evaluate() {
     std::vector<int64_t> idx(mine.begin() + static_cast<std::ptrdiff_t>(lo),
                              mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), lo + localEval)));
     Batch b = src.collate(idx, &cache, cpuAllocator());
-    LossStats s = model_->forward(b, ctx);
+    LossStats s = model_->forward(toDevice(b), ctx);
     total.lossSum += s.lossSum;
     total.correct += s.correct;
     total.count += s.count;

@@ -20,6 +20,7 @@
 #include "launch/Settings.h"
 #include "launch/Metrics.h"
 #include "models/Model.h"
+#include "models/optim/LossScaler.h"
 #include "models/optim/LrSchedule.h"
 #include "models/optim/Optimizer.h"
 
@@ -42,6 +43,7 @@ class Trainer {
   const std::string& runDir() const { return runDir_; }
 
  private:
+  void setupDevice();
   void setupComm();
   void setupData();
   void setupModel();
@@ -52,6 +54,7 @@ class Trainer {
   void logStep(int64_t step, const LossStats& local, double intervalSeconds, int64_t intervalSteps,
                double waitSeconds);
   void writeTrace(int64_t step, int64_t backwardStartUs);
+  Batch toDevice(const Batch& b) const;
 
   Config cfg_;
   Settings s_;
@@ -61,6 +64,10 @@ class Trainer {
   int64_t localBatch_ = 0;
   int64_t totalSteps_ = 0;
 
+#ifdef MT_WITH_CUDA
+  std::unique_ptr<class CudaRuntime> cuda_;
+#endif
+  std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<Communicator> world_;
   std::unique_ptr<HealthMonitor> health_;
   std::unique_ptr<H5File> file_;

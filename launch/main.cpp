@@ -1,6 +1,6 @@
 // trainer: the meshtrain training program.
 //   trainer [--config FILE.ini] [--section.key=value ...]   train (defaults: Fashion-MNIST MLP)
-//   trainer --help | --help-env
+//   trainer --help | --help-env | --devices
 // Exit codes: 0 ok, 1 internal/library failure, 2 bad input (config, data), 3 lost peer/timeout.
 
 #include <mpi.h>
@@ -18,6 +18,10 @@
 #include "launch/Config.h"
 #include "launch/Failure.h"
 #include "launch/Trainer.h"
+
+#ifdef MT_WITH_CUDA
+#include "core/cuda/CudaMemory.h"
+#endif
 
 namespace {
 
@@ -51,6 +55,14 @@ int main(int argc, char** argv) {
   for (const auto& a : args) {
     if (a == "--help-env") {
       printEnvHelp();
+      return 0;
+    }
+    if (a == "--devices") {  // for scripts: how many GPUs this build can use here
+#ifdef MT_WITH_CUDA
+      std::printf("cuda devices: %d\n", mt::cudaDeviceCountOrZero());
+#else
+      std::printf("cuda devices: 0 (built without CUDA)\n");
+#endif
       return 0;
     }
   }

@@ -1,0 +1,272 @@
+#include "core/cuda/CudaAllocator.h"
+
+#include <algorithm>
+
+#include "core/Log.h"
+#include "core/cuda/CudaCheck.h"
+#include "core/cuda/CudaStream.h"
+
+namespace mt {
+
+size_t roundAllocationSize(size_t bytes) {
+  if (bytes == 0) return 0;
+  constexpr size_t kSmall = 1u << 20;
+  if (bytes <= kSmall) return (bytes + 511) / 512 * 512;
+  size_t p = 1;
+  while (p * 2 <= bytes) p *= 2;  // p <= bytes < 2p
+  for (size_t q = 4; q <= 8; ++q) {
+    const size_t c = p / 4 * q;
+    if (c >= bytes) return c;
+  }
+  return 2 * p;
+}
+
+namespace {
+std::string oomMessage(const char* what, size_t bytes, const AllocatorStats& s, size_t cap) {
+  std::string msg = std::string(what) + ": cannot allocate " + formatBytes(static_cast<int64_t>(bytes)) + " (" +
+                    formatBytes(s.allocatedBytes) + " allocated, " + formatBytes(s.reservedBytes) + " reserved";
+  if (cap) msg += ", memory cap " + formatBytes(static_cast<int64_t>(cap));
+  size_t freeB = 0, total = 0;
+  if (cudaMemGetInfo(&freeB, &total) == cudaSuccess)
+    msg += ", device free " + formatBytes(static_cast<int64_t>(freeB)) + " of " + formatBytes(static_cast<int64_t>(total));
+  return msg + ")";
+}
+}  // namespace
+
+CachingDeviceAllocator::CachingDeviceAllocator(int device) : device_(device) {}
+
+CachingDeviceAllocator::~CachingDeviceAllocator() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& p : pending_)
+    for (cudaEvent_t e : p.second) cudaEventDestroy(e);
+  for (auto& kv : freeBlocks_) cudaFree(kv.first);
+  // Live blocks belong to tensors that outlive the runtime: a bug, but not one to crash on here.
+  for (auto& kv : live_) cudaFree(kv.first);
+}
+
+void CachingDeviceAllocator::processPendingLocked() {
+  for (size_t i = 0; i < pending_.size();) {
+    bool done = true;
+    for (cudaEvent_t e : pending_[i].second) done = done && cudaEventQuery(e) == cudaSuccess;
+    if (!done) {
+      ++i;
+      continue;
+    }
+    for (cudaEvent_t e : pending_[i].second) cudaEventDestroy(e);
+    Block b = pending_[i].first;
+    b.otherStreams.clear();
+    free_[{b.stream, b.size}].push_back(b.ptr);
+    freeBlocks_[b.ptr] = b;
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+}
+
+void CachingDeviceAllocator::releaseCachedLocked() {
+  for (auto& kv : freeBlocks_) {
+    cudaFree(kv.first);
+    stats_.reservedBytes -= static_cast<int64_t>(kv.second.size);
+  }
+  freeBlocks_.clear();
+  free_.clear();
+}
+
+void* CachingDeviceAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const size_t size = roundAllocationSize(bytes);
+  cudaStream_t stream = currentStream();
+  std::lock_guard<std::mutex> lock(mutex_);
+  processPendingLocked();
+  auto it = free_.find({stream, size});
+  void* ptr = nullptr;
+  if (it != free_.end() && !it->second.empty()) {
+    ptr = it->second.back();
+    it->second.pop_back();
+    freeBlocks_.erase(ptr);
+  } else {
+    if (cap_ && static_cast<size_t>(stats_.reservedBytes) + size > cap_) releaseCachedLocked();
+    if (cap_ && static_cast<size_t>(stats_.reservedBytes) + size > cap_)
+      throw OutOfMemoryError(oomMessage("CUDA out of memory under the memory cap", bytes, stats_, cap_));
+    cudaError_t e = cudaMalloc(&ptr, size);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the sticky-free error state of the failed call
+      releaseCachedLocked();
+      e = cudaMalloc(&ptr, size);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw OutOfMemoryError(oomMessage("CUDA out of memory", bytes, stats_, cap_));
+    }
+    CUDA_CHECK(e);
+    stats_.reservedBytes += static_cast<int64_t>(size);
+  }
+  live_[ptr] = Block{ptr, size, stream, {}};
+  stats_.allocatedBytes += static_cast<int64_t>(size);
+  stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
+  stats_.numAllocs++;
+  return ptr;
+}
+
+void CachingDeviceAllocator::deallocate(void* ptr, size_t) noexcept {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return;
+  Block b = it->second;
+  live_.erase(it);
+  stats_.allocatedBytes -= static_cast<int64_t>(b.size);
+  if (b.otherStreams.empty()) {
+    free_[{b.stream, b.size}].push_back(ptr);
+    freeBlocks_[ptr] = b;
+    return;
+  }
+  std::vector<cudaEvent_t> events;
+  for (cudaStream_t s : b.otherStreams) {
+    cudaEvent_t e;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess && cudaEventRecord(e, s) == cudaSuccess)
+      events.push_back(e);
+  }
+  pending_.emplace_back(b, std::move(events));
+}
+
+bool CachingDeviceAllocator::recordStream(const void* ptr, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.upper_bound(const_cast<void*>(ptr));
+  if (it == live_.begin()) return false;
+  --it;
+  const char* base = static_cast<const char*>(it->first);
+  if (static_cast<const char*>(ptr) >= base + it->second.size) return false;
+  if (stream == it->second.stream) return true;
+  auto& os = it->second.otherStreams;
+  if (std::find(os.begin(), os.end(), stream) == os.end()) os.push_back(stream);
+  return true;
+}
+
+void CachingDeviceAllocator::setMemoryCap(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cap_ = bytes;
+}
+
+void CachingDeviceAllocator::emptyCache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  processPendingLocked();
+  releaseCachedLocked();
+}
+
+AllocatorStats CachingDeviceAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CachingDeviceAllocator::resetPeak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.peakAllocatedBytes = stats_.allocatedBytes;
+}
+
+PinnedHostAllocator::~PinnedHostAllocator() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& p : pending_) {
+    cudaEventDestroy(p.second);
+    cudaFreeHost(p.first);
+  }
+  for (auto& kv : free_) cudaFreeHost(kv.second);
+  for (auto& kv : live_) cudaFreeHost(kv.first);
+}
+
+void* PinnedHostAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const size_t size = roundAllocationSize(bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < pending_.size();) {
+    if (cudaEventQuery(pending_[i].second) == cudaSuccess) {
+      cudaEventDestroy(pending_[i].second);
+      free_.emplace(sizeOf_[pending_[i].first], pending_[i].first);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  void* ptr = nullptr;
+  auto it = free_.find(size);
+  if (it != free_.end()) {
+    ptr = it->second;
+    free_.erase(it);
+  } else {
+    cudaError_t e = cudaHostAlloc(&ptr, size, cudaHostAllocDefault);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw OutOfMemoryError(oomMessage("pinned host memory", bytes, stats_, 0));
+    }
+    CUDA_CHECK(e);
+    sizeOf_[ptr] = size;
+    stats_.reservedBytes += static_cast<int64_t>(size);
+  }
+  live_[ptr] = size;
+  stats_.allocatedBytes += static_cast<int64_t>(size);
+  stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
+  stats_.numAllocs++;
+  return ptr;
+}
+
+void PinnedHostAllocator::deallocate(void* ptr, size_t) noexcept {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return;
+  stats_.allocatedBytes -= static_cast<int64_t>(it->second);
+  live_.erase(it);
+  // Copies from this buffer may still be queued on the current stream.
+  cudaEvent_t e;
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess &&
+      cudaEventRecord(e, currentStream()) == cudaSuccess) {
+    pending_.emplace_back(ptr, e);
+  } else {
+    free_.emplace(sizeOf_[ptr], ptr);
+  }
+}
+
+AllocatorStats PinnedHostAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void PinnedHostAllocator::resetPeak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.peakAllocatedBytes = stats_.allocatedBytes;
+}
+
+void* ManagedAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  size_t freeB = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&freeB, &total));
+  if (bytes > freeB)
+    throw OutOfMemoryError("managed memory: refusing " + formatBytes(static_cast<int64_t>(bytes)) + ", more than the " +
+                           formatBytes(static_cast<int64_t>(freeB)) + " the GPU has free (over-subscription can hang it)");
+  void* ptr = nullptr;
+  CUDA_CHECK(cudaMallocManaged(&ptr, bytes, cudaMemAttachGlobal));
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.allocatedBytes += static_cast<int64_t>(bytes);
+  stats_.reservedBytes += static_cast<int64_t>(bytes);
+  stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
+  stats_.numAllocs++;
+  return ptr;
+}
+
+void ManagedAllocator::deallocate(void* ptr, size_t bytes) noexcept {
+  if (!ptr) return;
+  cudaFree(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.allocatedBytes -= static_cast<int64_t>(bytes);
+  stats_.reservedBytes -= static_cast<int64_t>(bytes);
+}
+
+AllocatorStats ManagedAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void ManagedAllocator::resetPeak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.peakAllocatedBytes = stats_.allocatedBytes;
+}
+
+}  // namespace mt

@@ -1,0 +1,108 @@
+#pragma once
+// GPU memory allocators, owned by a CudaRuntime.
+//
+// CachingDeviceAllocator: cudaMalloc is slow and synchronises the device, so freed blocks are kept
+// in size classes and reused. Sizes round up to 512 B below 1 MiB and to one of four classes per
+// power of two above (waste <= 25%). A block belongs to the stream it was allocated on and is
+// reused by that stream at once (stream order makes it safe); a block also used on other streams
+// (recordStream) waits for events on them before reuse. When cudaMalloc fails, the cache is
+// released and the call retried once; then OutOfMemoryError reports the request and the stats.
+// A memory cap (bytes reserved at most) makes "train within N GiB" testable on a large GPU.
+//
+// PinnedHostAllocator: page-locked host memory (cudaHostAlloc) for fast, asynchronous copies,
+// cached likewise; a freed block is reused once the copies issued on it have completed.
+//
+// ManagedAllocator: cudaMallocManaged, refusing any request larger than cudaMemGetInfo's free
+// bytes (over-subscribed managed memory can hang the GPU).
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/Allocator.h"
+
+namespace mt {
+
+size_t roundAllocationSize(size_t bytes);
+
+class CachingDeviceAllocator final : public Allocator {
+ public:
+  explicit CachingDeviceAllocator(int device);
+  ~CachingDeviceAllocator() override;
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) noexcept override;
+  Device device() const override { return Device::cuda(device_); }
+  const char* name() const override { return "cuda-caching"; }
+  AllocatorStats stats() const override;
+  void resetPeak() override;
+
+  // ptr (or any address inside one of this allocator's blocks) is also used on `stream`: the
+  // block is not reused until the work queued there by then is done. Returns false when ptr is
+  // not from this allocator.
+  bool recordStream(const void* ptr, cudaStream_t stream);
+  // Caps reserved bytes (0: no cap).
+  void setMemoryCap(size_t bytes);
+  size_t memoryCap() const { return cap_; }
+  // Returns cached blocks to CUDA.
+  void emptyCache();
+
+ private:
+  struct Block {
+    void* ptr;
+    size_t size;
+    cudaStream_t stream;
+    std::vector<cudaStream_t> otherStreams;
+  };
+  void releaseCachedLocked();
+  void processPendingLocked();
+
+  int device_;
+  size_t cap_ = 0;
+  mutable std::mutex mutex_;
+  std::map<void*, Block> live_;  // ordered: recordStream finds the block holding an interior pointer
+  std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> free_;  // (stream, size) -> blocks
+  std::unordered_map<void*, Block> freeBlocks_;
+  std::vector<std::pair<Block, std::vector<cudaEvent_t>>> pending_;    // freed, waiting on events
+  AllocatorStats stats_;
+};
+
+class PinnedHostAllocator final : public Allocator {
+ public:
+  PinnedHostAllocator() = default;
+  ~PinnedHostAllocator() override;
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) noexcept override;
+  Device device() const override { return Device::cpu(); }  // host memory, CPU-addressable
+  const char* name() const override { return "cuda-pinned"; }
+  AllocatorStats stats() const override;
+  void resetPeak() override;
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, size_t> live_;
+  std::vector<std::pair<void*, cudaEvent_t>> pending_;  // freed; reusable once the event completes
+  std::multimap<size_t, void*> free_;
+  std::unordered_map<void*, size_t> sizeOf_;
+  AllocatorStats stats_;
+};
+
+class ManagedAllocator final : public Allocator {
+ public:
+  explicit ManagedAllocator(int device) : device_(device) {}
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) noexcept override;
+  Device device() const override { return Device::cuda(device_); }
+  const char* name() const override { return "cuda-managed"; }
+  AllocatorStats stats() const override;
+  void resetPeak() override;
+
+ private:
+  int device_;
+  mutable std::mutex mutex_;
+  AllocatorStats stats_;
+};
+
+}  // namespace mt

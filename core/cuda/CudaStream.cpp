@@ -1,0 +1,86 @@
+#include "core/cuda/CudaStream.h"
+
+#include "core/cuda/CudaCheck.h"
+
+namespace mt {
+
+namespace {
+thread_local cudaStream_t tCurrent = nullptr;
+thread_local bool tCurrentSet = false;
+cudaStream_t gDefault = nullptr;  // the active runtime's compute stream (set by CudaRuntime)
+}  // namespace
+
+void setDefaultComputeStream(cudaStream_t s) { gDefault = s; }
+
+cudaStream_t currentStream() { return tCurrentSet ? tCurrent : gDefault; }
+
+void setCurrentStream(cudaStream_t s) {
+  tCurrent = s;
+  tCurrentSet = true;
+}
+
+CudaStream::CudaStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+
+CudaStream::CudaStream(int priority) {
+  CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
+}
+
+CudaStream::~CudaStream() {
+  if (s_) cudaStreamDestroy(s_);
+}
+
+CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {
+  if (this != &o) {
+    if (s_) cudaStreamDestroy(s_);
+    s_ = o.s_;
+    o.s_ = nullptr;
+  }
+  return *this;
+}
+
+void CudaStream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+CudaEvent::CudaEvent(bool timing) {
+  CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
+
+CudaEvent::~CudaEvent() {
+  if (e_) cudaEventDestroy(e_);
+}
+
+CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
+  if (this != &o) {
+    if (e_) cudaEventDestroy(e_);
+    e_ = o.e_;
+    o.e_ = nullptr;
+  }
+  return *this;
+}
+
+void CudaEvent::record(cudaStream_t s) { CUDA_CHECK(cudaEventRecord(e_, s)); }
+
+bool CudaEvent::query() const {
+  cudaError_t e = cudaEventQuery(e_);
+  if (e == cudaErrorNotReady) return false;
+  CUDA_CHECK(e);
+  return true;
+}
+
+void CudaEvent::synchronize() const { CUDA_CHECK(cudaEventSynchronize(e_)); }
+
+float CudaEvent::elapsedMs(const CudaEvent& start) const {
+  float ms = 0.f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, e_));
+  return ms;
+}
+
+void streamWaitStream(cudaStream_t waiter, cudaStream_t producer) {
+  if (waiter == producer) return;
+  cudaEvent_t e;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(e, producer));
+  CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
+  CUDA_CHECK(cudaEventDestroy(e));  // safe: destruction is deferred until the event completes
+}
+
+}  // namespace mt

@@ -1,0 +1,32 @@
+#pragma once
+// Row-major GEMM on the GPU through cuBLASLt: C[M,N] = alpha * op(A) * op(B) + beta * C, with
+// optional fused epilogues (bias, GELU, bias gradient). Inputs f32/bf16/f16, f32 accumulate.
+// Plans (descriptors + heuristic algorithm) are cached per shape, so a training step spends no
+// time in cublasLtMatmulAlgoGetHeuristic after the first.
+
+#include <cublasLt.h>
+
+#include "models/layers/Gemm.h"
+
+namespace mt::cuda {
+
+struct GemmCall {
+  Trans transA = Trans::kNo, transB = Trans::kNo;
+  int64_t M = 0, N = 0, K = 0;
+  float alpha = 1.f, beta = 0.f;
+  const void* A = nullptr;
+  const void* B = nullptr;
+  void* C = nullptr;                 // also D (in place)
+  cudaDataType_t abType = CUDA_R_32F;
+  cudaDataType_t cType = CUDA_R_32F;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;        // [N] (per output column of C), for BIAS/GELU_BIAS epilogues
+  void* aux = nullptr;               // GELU input (GELU_AUX) or bias gradient (BGRAD*)
+  int64_t ldAux = 0;
+  int64_t batch = 1;                 // strided batched GEMM
+  int64_t strideA = 0, strideB = 0, strideC = 0;
+};
+
+void gemm(const GemmCall& call);
+
+}  // namespace mt::cuda

@@ -1,0 +1,40 @@
+#pragma once
+// CUDA versions of the layer functions (same names and contracts as the CPU ones in
+// models/layers/*.h, which dispatch here for CUDA tensors). Launchers run on the current stream.
+
+#include "core/Tensor.h"
+#include "models/layers/Activation.h"
+#include "models/layers/Conv2d.h"
+#include "models/layers/ImageInput.h"
+#include "models/layers/MaxPool2d.h"
+#include "models/layers/SoftmaxCrossEntropy.h"
+
+namespace mt::cuda {
+
+void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b);
+void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w);
+void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g);
+void conv2dBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& col,
+                    const Tensor& w, const Conv2dGeometry& g);
+void maxPool2dForward(Tensor& y, Tensor* argmax, const Tensor& x, const PoolGeometry& g);
+void maxPool2dBackward(Tensor& dx, const Tensor& dy, const Tensor& argmax, const PoolGeometry& g);
+void reluForward(Tensor& y, const Tensor& x);
+void reluBackward(Tensor& dx, const Tensor& dy, const Tensor& y);
+void geluForward(Tensor& y, const Tensor& x, GeluKind kind);
+void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind);
+void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream);
+void dropoutBackward(Tensor& dx, const Tensor& dy, const Tensor& mask, float p);
+void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                      float eps);
+void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       const Tensor& mean, const Tensor& rstd);
+LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
+                              int64_t validForMean);
+void embeddingForward(Tensor& y, const Tensor& idx, const Tensor& w);
+void embeddingBackward(Tensor& dw, const Tensor& dy, const Tensor& idx);
+void imageInputForward(Tensor& y, const Tensor& x, float mean, float stddev, ImageOutput out);
+
+// Element-wise conversion between floating dtypes (f32 <-> bf16/f16), same numel, both on device.
+void castTensor(Tensor& dst, const Tensor& src);
+
+}  // namespace mt::cuda

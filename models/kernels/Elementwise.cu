@@ -1,0 +1,111 @@
+// Element-wise kernels: ReLU, GELU (tanh and erf), dropout (Philox mask, the same numbers as the
+// CPU path) and the image input normalisation. One thread per element, grid-stride loops.
+// Math as in models/layers/Activation.h, Dropout.h and ImageInput.h.
+
+#include "core/Random.h"
+#include "models/kernels/CudaLayers.h"
+#include "models/kernels/KernelUtil.cuh"
+
+namespace mt::cuda {
+
+namespace {
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCoeff = 0.044715f;
+
+__global__ void reluFwd(const float* x, float* y, int64_t n) {
+  MT_GRID_STRIDE(i, n) { y[i] = x[i] > 0.f ? x[i] : (isnan(x[i]) ? x[i] : 0.f); }
+}
+__global__ void reluBwd(const float* dy, const float* y, float* dx, int64_t n) {
+  MT_GRID_STRIDE(i, n) { dx[i] = y[i] > 0.f ? dy[i] : 0.f; }
+}
+__global__ void geluFwd(const float* x, float* y, int64_t n, bool tanhForm) {
+  MT_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    if (tanhForm) y[i] = 0.5f * v * (1.f + tanhf(kSqrt2OverPi * (v + kGeluCoeff * v * v * v)));
+    else y[i] = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+  }
+}
+__global__ void geluBwd(const float* dy, const float* x, float* dx, int64_t n, bool tanhForm) {
+  MT_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    float g;
+    if (tanhForm) {
+      const float t = tanhf(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
+      g = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluCoeff * v * v);
+    } else {
+      g = 0.5f * (1.f + erff(v * 0.70710678118654752f)) + v * expf(-0.5f * v * v) * 0.3989422804014327f;
+    }
+    dx[i] = dy[i] * g;
+  }
+}
+__global__ void dropoutFwd(const float* x, float* y, uint8_t* mask, int64_t n, float p, float scale, uint64_t seed,
+                           uint64_t stream) {
+  MT_GRID_STRIDE(i, n) {
+    const uint8_t keep = philoxUniform(seed, stream, static_cast<uint64_t>(i)) >= p ? 1 : 0;
+    mask[i] = keep;
+    y[i] = keep ? x[i] * scale : 0.f;
+  }
+}
+__global__ void dropoutBwd(const float* dy, const uint8_t* mask, float* dx, int64_t n, float scale) {
+  MT_GRID_STRIDE(i, n) { dx[i] = mask[i] ? dy[i] * scale : 0.f; }
+}
+template <typename In>
+__global__ void imageIn(const In* x, float* y, int64_t N, int64_t H, int64_t W, int64_t C, float a, float c0,
+                        int out, bool normalise) {
+  const int64_t per = H * W * C, total = N * per;
+  MT_GRID_STRIDE(idx, total) {
+    const int64_t n = idx / per, i = idx % per;
+    const float v = normalise ? static_cast<float>(x[idx]) * a + c0 : static_cast<float>(x[idx]);
+    if (out == static_cast<int>(ImageOutput::kNCHW)) {
+      const int64_t h = i / (W * C), w = (i / C) % W, c = i % C;
+      y[n * per + (c * H + h) * W + w] = v;
+    } else {
+      y[idx] = v;
+    }
+  }
+}
+}  // namespace
+
+void reluForward(Tensor& y, const Tensor& x) {
+  reluFwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(x.data<float>(), y.data<float>(), x.numel());
+  checkLaunch();
+}
+void reluBackward(Tensor& dx, const Tensor& dy, const Tensor& y) {
+  reluBwd<<<gridFor1d(dy.numel()), 256, 0, currentStream()>>>(dy.data<float>(), y.data<float>(), dx.data<float>(),
+                                                               dy.numel());
+  checkLaunch();
+}
+void geluForward(Tensor& y, const Tensor& x, GeluKind kind) {
+  geluFwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(x.data<float>(), y.data<float>(), x.numel(),
+                                                              kind == GeluKind::kTanh);
+  checkLaunch();
+}
+void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind) {
+  geluBwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(dy.data<float>(), x.data<float>(), dx.data<float>(),
+                                                              x.numel(), kind == GeluKind::kTanh);
+  checkLaunch();
+}
+void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream) {
+  dropoutFwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(x.data<float>(), y.data<float>(),
+                                                                 mask.data<uint8_t>(), x.numel(), p,
+                                                                 1.f / (1.f - p), seed, stream);
+  checkLaunch();
+}
+void dropoutBackward(Tensor& dx, const Tensor& dy, const Tensor& mask, float p) {
+  dropoutBwd<<<gridFor1d(dy.numel()), 256, 0, currentStream()>>>(dy.data<float>(), mask.data<uint8_t>(),
+                                                                  dx.data<float>(), dy.numel(), 1.f / (1.f - p));
+  checkLaunch();
+}
+void imageInputForward(Tensor& y, const Tensor& x, float mean, float stddev, ImageOutput out) {
+  const int64_t N = x.dim(0), H = x.dim(1), W = x.dim(2), C = x.dim(3);
+  const float a = 1.f / (255.f * stddev), c0 = -mean / stddev;
+  if (x.dtype() == DType::kU8)
+    imageIn<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(x.data<uint8_t>(), y.data<float>(), N, H, W, C, a,
+                                                                c0, static_cast<int>(out), true);
+  else
+    imageIn<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(x.data<float>(), y.data<float>(), N, H, W, C, a, c0,
+                                                                static_cast<int>(out), false);
+  checkLaunch();
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,265 @@
+// cuBLASLt GEMM with cached plans, and the Linear layer on top of it.
+//
+// Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T, so cuBLASLt is called
+// with the operands swapped: its "A" is our B, its "B" is our A, m = N, n = M. A bias epilogue then
+// adds bias[i] to column-major row i, i.e. to row-major column i: one value per output feature.
+//
+// Linear: y = x W^T + b      -> gemm(no, trans, M=rows, N=out, K=in) with the BIAS epilogue
+//         dx = dy W          -> gemm(no, no,   M=rows, N=in,  K=out)          (overwrites)
+//         dW += dy^T x       -> gemm(trans, no, M=out, N=in,  K=rows, beta=1) (accumulates)
+//         db += colsum(dy)   -> column-sum kernel                               (accumulates)
+// In bf16/f16 matmul precision, operands are cast into scratch buffers; results stay f32.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/cuda/CudaCheck.h"
+#include "core/cuda/CudaRuntime.h"
+#include "models/kernels/CudaGemm.h"
+#include "models/kernels/CudaLayers.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr size_t kGemmWorkspace = 32u << 20;
+
+struct PlanKey {
+  int ta, tb;
+  int64_t M, N, K;
+  int ab, c, epi;
+  bool hasBeta;
+  int64_t batch, sA, sB, sC, ldAux;
+  uint32_t alignA, alignB, alignC, alignBias;  // algorithms differ by operand alignment
+  bool operator<(const PlanKey& o) const {
+    return std::tie(ta, tb, M, N, K, ab, c, epi, hasBeta, batch, sA, sB, sC, ldAux, alignA, alignB, alignC,
+                    alignBias) < std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ab, o.c, o.epi, o.hasBeta, o.batch, o.sA,
+                                          o.sB, o.sC, o.ldAux, o.alignA, o.alignB, o.alignC, o.alignBias);
+  }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+std::mutex gPlanMutex;
+std::map<PlanKey, Plan> gPlans;
+
+void setBatch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
+  if (batch <= 1) return;
+  int32_t b = static_cast<int32_t>(batch);
+  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof(b)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+}
+
+uint32_t alignmentOf(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al /= 2;
+  return al;
+}
+
+Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
+  PlanKey key{static_cast<int>(g.transA), static_cast<int>(g.transB), g.M, g.N, g.K, static_cast<int>(g.abType),
+              static_cast<int>(g.cType), static_cast<int>(g.epilogue), g.beta != 0.f, g.batch, g.strideA,
+              g.strideB, g.strideC, g.ldAux, alignmentOf(g.A), alignmentOf(g.B), alignmentOf(g.C),
+              g.bias ? alignmentOf(g.bias) : 256u};
+  std::lock_guard<std::mutex> lock(gPlanMutex);
+  auto it = gPlans.find(key);
+  if (it != gPlans.end()) return it->second;
+  Plan p;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Lt's A is our B, Lt's B is our A.
+  cublasOperation_t opA = g.transB == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opB = g.transA == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof(g.epilogue)));
+  if (g.ldAux) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldAux, sizeof(g.ldAux)));
+  // Stored shapes (column-major): our B is [K,N] row-major (or [N,K] when transposed).
+  const uint64_t aRows = g.transB == Trans::kYes ? g.K : g.N, aCols = g.transB == Trans::kYes ? g.N : g.K;
+  const uint64_t bRows = g.transA == Trans::kYes ? g.M : g.K, bCols = g.transA == Trans::kYes ? g.K : g.M;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.abType, aRows, aCols, static_cast<int64_t>(aRows)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, g.abType, bRows, bCols, static_cast<int64_t>(bRows)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, g.cType, g.N, g.M, g.N));
+  setBatch(p.a, g.batch, g.strideB);
+  setBatch(p.b, g.batch, g.strideA);
+  setBatch(p.c, g.batch, g.strideC);
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = kGemmWorkspace;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // Lt's A/B are our B/A.
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.alignB, 4));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.alignA, 4));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.alignC, 4));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.alignC, 4));
+  // Heuristics need representative pointers' alignment; the bias pointer must be set to query.
+  const void* dummyBias = g.bias;
+  if (dummyBias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dummyBias, sizeof(dummyBias)));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(rt.cublasLt(), p.op, p.a, p.b, p.c, p.c, pref, 1, &heur, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0)
+    throw CudaError("cuBLASLt has no algorithm for GEMM M=" + std::to_string(g.M) + " N=" + std::to_string(g.N) +
+                    " K=" + std::to_string(g.K));
+  p.algo = heur.algo;
+  return gPlans.emplace(key, p).first->second;
+}
+
+__global__ void castKernel(const float* in, __nv_bfloat16* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(in[i]);
+}
+__global__ void castKernelH(const float* in, __half* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2half_rn(in[i]);
+}
+__global__ void uncastKernel(const __nv_bfloat16* in, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
+}
+__global__ void uncastKernelH(const __half* in, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __half2float(in[i]);
+}
+
+int gridFor(int64_t n, int block = 256) { return static_cast<int>(std::min<int64_t>((n + block - 1) / block, 65535 * 8)); }
+
+// Column sums of dy [R, C] added to db [C], deterministic: partials over fixed row chunks.
+constexpr int kRowsPerChunk = 256;
+__global__ void colSumPartial(const float* dy, float* part, int64_t R, int64_t C) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (c >= C) return;
+  const int64_t r0 = chunk * kRowsPerChunk, r1 = min(R, r0 + kRowsPerChunk);
+  float acc = 0.f;
+  for (int64_t r = r0; r < r1; ++r) acc += dy[r * C + c];
+  part[chunk * C + c] = acc;
+}
+__global__ void colSumFinal(const float* part, float* db, int64_t chunks, int64_t C) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float acc = 0.f;
+  for (int64_t k = 0; k < chunks; ++k) acc += part[k * C + c];
+  db[c] += acc;
+}
+
+// Operand in the matmul precision: the tensor itself (f32), or a cast copy.
+Tensor asOperand(const Tensor& t, MatmulPrecision p) {
+  if (p == MatmulPrecision::kF32 || t.dtype() != DType::kF32) return t;
+  Tensor out = Tensor::empty(t.shape(), p == MatmulPrecision::kBF16 ? DType::kBF16 : DType::kF16, t.device());
+  castTensor(out, t);
+  return out;
+}
+
+cudaDataType_t cudaTypeOf(DType t) {
+  switch (t) {
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
+}
+
+}  // namespace
+
+void castTensor(Tensor& dst, const Tensor& src) {
+  MT_CHECK(dst.numel() == src.numel(), "cast of ", src.str(), " into ", dst.str());
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  cudaStream_t s = currentStream();
+  if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16)
+    castKernel<<<gridFor(n), 256, 0, s>>>(src.data<float>(), static_cast<__nv_bfloat16*>(dst.rawData()), n);
+  else if (src.dtype() == DType::kF32 && dst.dtype() == DType::kF16)
+    castKernelH<<<gridFor(n), 256, 0, s>>>(src.data<float>(), static_cast<__half*>(dst.rawData()), n);
+  else if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32)
+    uncastKernel<<<gridFor(n), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(src.rawData()), dst.data<float>(), n);
+  else if (src.dtype() == DType::kF16 && dst.dtype() == DType::kF32)
+    uncastKernelH<<<gridFor(n), 256, 0, s>>>(static_cast<const __half*>(src.rawData()), dst.data<float>(), n);
+  else if (src.dtype() == dst.dtype())
+    dst.copyFrom(src);
+  else
+    MT_CHECK(false, "cast ", dtypeName(src.dtype()), " -> ", dtypeName(dst.dtype()));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void gemm(const GemmCall& g) {
+  if (g.M == 0 || g.N == 0) return;
+  CudaRuntime& rt = CudaRuntime::require();
+  Plan& p = planFor(g, rt);
+  if (g.bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+  if (g.aux)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
+  void* ws = rt.workspace(kGemmWorkspace);
+  CUBLAS_CHECK(cublasLtMatmul(rt.cublasLt(), p.op, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algo,
+                              ws, kGemmWorkspace, currentStream()));
+}
+
+void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) {
+  const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
+  const MatmulPrecision prec = CudaRuntime::require().matmulPrecision();
+  Tensor xo = asOperand(x, prec), wo = asOperand(w, prec);
+  GemmCall g;
+  g.transA = Trans::kNo;
+  g.transB = Trans::kYes;
+  g.M = N, g.N = O, g.K = I;
+  g.A = xo.rawData();
+  g.B = wo.rawData();
+  g.C = y.rawData();
+  g.abType = cudaTypeOf(xo.dtype());
+  if (b) {
+    g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    g.bias = b->rawData();
+  }
+  gemm(g);
+}
+
+void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w) {
+  const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
+  const MatmulPrecision prec = CudaRuntime::require().matmulPrecision();
+  Tensor dyo = asOperand(dy, prec);
+  if (dx) {
+    Tensor wo = asOperand(w, prec);
+    GemmCall g;
+    g.M = N, g.N = I, g.K = O;
+    g.A = dyo.rawData();
+    g.B = wo.rawData();
+    g.C = dx->rawData();
+    g.abType = cudaTypeOf(dyo.dtype());
+    gemm(g);
+  }
+  Tensor xo = asOperand(x, prec);
+  GemmCall g;
+  g.transA = Trans::kYes;
+  g.M = O, g.N = I, g.K = N;
+  g.beta = 1.f;
+  g.A = dyo.rawData();
+  g.B = xo.rawData();
+  g.C = dw.rawData();
+  g.abType = cudaTypeOf(dyo.dtype());
+  gemm(g);
+  if (db) {
+    const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+    Tensor part = Tensor::empty({chunks, O}, DType::kF32, dy.device());
+    dim3 grid(static_cast<unsigned>((O + 255) / 256), static_cast<unsigned>(chunks));
+    colSumPartial<<<grid, 256, 0, currentStream()>>>(dy.data<float>(), part.data<float>(), N, O);
+    colSumFinal<<<static_cast<unsigned>((O + 255) / 256), 256, 0, currentStream()>>>(part.data<float>(),
+                                                                                    db->data<float>(), chunks, O);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace mt::cuda

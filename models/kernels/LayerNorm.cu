@@ -1,0 +1,116 @@
+// LayerNorm over the last dimension (math in models/layers/LayerNorm.h).
+// Forward: one warp per row; mean and rstd in f32 (two passes over the row in registers/L1).
+// Backward: one block per group of rows, the block reduces each row's mean(g) and mean(g*n) with a
+// fixed tree; each thread owns a fixed set of channels and accumulates their dw/db over the
+// block's rows; per-block partials are summed in block order by a second kernel — deterministic.
+
+#include "models/kernels/CudaLayers.h"
+#include "models/kernels/KernelUtil.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+__global__ void lnFwd(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t R,
+                      int64_t C, float eps) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= R) return;
+  const float* xr = x + row * C;
+  float s = 0.f;
+  for (int64_t c = lane; c < C; c += 32) s += xr[c];
+  const float m = warpSum(s) / static_cast<float>(C);
+  float v = 0.f;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float d = xr[c] - m;
+    v += d * d;
+  }
+  const float rs = rsqrtf(warpSum(v) / static_cast<float>(C) + eps);
+  float* yr = y + row * C;
+  for (int64_t c = lane; c < C; c += 32) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+  if (lane == 0) {
+    if (mean) mean[row] = m;
+    if (rstd) rstd[row] = rs;
+  }
+}
+
+constexpr int kLnBwdThreads = 256;
+constexpr int kLnRowsPerBlock = 32;
+
+__global__ void lnBwd(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                      float* dx, float* partW, float* partB, int64_t R, int64_t C) {
+  extern __shared__ float acc[];  // [2*C]: this block's dw and db partials, each channel owned by one thread
+  __shared__ float red[32];
+  for (int64_t c = threadIdx.x; c < 2 * C; c += blockDim.x) acc[c] = 0.f;
+  __syncthreads();
+  const int64_t r0 = blockIdx.x * static_cast<int64_t>(kLnRowsPerBlock), r1 = min(R, r0 + kLnRowsPerBlock);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * C;
+    const float* gr = dy + r * C;
+    const float m = mean[r], rs = rstd[r];
+    float sg = 0.f, sgn = 0.f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float n = (xr[c] - m) * rs;
+      const float gw = gr[c] * w[c];
+      sg += gw;
+      sgn += gw * n;
+      acc[c] += gr[c] * n;
+      acc[C + c] += gr[c];
+    }
+    const float mg = blockSum(sg, red) / static_cast<float>(C);
+    const float mgn = blockSum(sgn, red) / static_cast<float>(C);
+    float* dxr = dx + r * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float n = (xr[c] - m) * rs;
+      dxr[c] = rs * (gr[c] * w[c] - mg - n * mgn);
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    partW[blockIdx.x * C + c] = acc[c];
+    partB[blockIdx.x * C + c] = acc[C + c];
+  }
+}
+
+__global__ void lnBwdReduce(const float* partW, const float* partB, float* dw, float* db, int64_t blocks, int64_t C) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.f, sb = 0.f;
+  for (int64_t k = 0; k < blocks; ++k) {
+    sw += partW[k * C + c];
+    sb += partB[k * C + c];
+  }
+  dw[c] += sw;
+  db[c] += sb;
+}
+
+}  // namespace
+
+void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                      float eps) {
+  const int64_t C = x.dim(-1), R = x.numel() / C;
+  const int warpsPerBlock = 8;
+  const int blocks = static_cast<int>((R + warpsPerBlock - 1) / warpsPerBlock);
+  lnFwd<<<blocks, warpsPerBlock * 32, 0, currentStream()>>>(x.data<float>(), w.data<float>(), b.data<float>(),
+                                                             y.data<float>(), mean ? mean->data<float>() : nullptr,
+                                                             rstd ? rstd->data<float>() : nullptr, R, C, eps);
+  checkLaunch();
+}
+
+void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       const Tensor& mean, const Tensor& rstd) {
+  const int64_t C = x.dim(-1), R = x.numel() / C;
+  const int64_t blocks = (R + kLnRowsPerBlock - 1) / kLnRowsPerBlock;
+  Tensor partW = Tensor::empty({blocks, C}, DType::kF32, x.device());
+  Tensor partB = Tensor::empty({blocks, C}, DType::kF32, x.device());
+  const size_t smem = static_cast<size_t>(2 * C) * sizeof(float);
+  if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(lnBwd, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  lnBwd<<<static_cast<unsigned>(blocks), kLnBwdThreads, smem, currentStream()>>>(
+      dy.data<float>(), x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(), dx.data<float>(),
+      partW.data<float>(), partB.data<float>(), R, C);
+  lnBwdReduce<<<static_cast<unsigned>((C + 255) / 256), 256, 0, currentStream()>>>(
+      partW.data<float>(), partB.data<float>(), dw.data<float>(), db.data<float>(), blocks, C);
+  checkLaunch();
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,195 @@
+// Multi-tensor optimizer kernels: one launch updates up to kMaxSegs segments (parameters or shard
+// pieces), each block taking a fixed chunk of one segment, so a model of hundreds of tensors costs
+// a few launches instead of hundreds. Math identical to the CPU (models/optim/Optimizer.h).
+// Gradient utilities: deterministic sum of squares (fixed two-level tree, f64), scaling, and an
+// inf/nan check for loss scaling.
+
+#include <cmath>
+
+#include "models/kernels/CudaOptim.h"
+#include "models/kernels/KernelUtil.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kMaxSegs = 48;
+constexpr int kChunk = 4096;  // elements per block
+
+struct SegTable {
+  float* p[kMaxSegs];
+  const float* g[kMaxSegs];
+  float* s1[kMaxSegs];
+  float* s2[kMaxSegs];
+  int64_t n[kMaxSegs];
+  float wd[kMaxSegs];
+  int blockStart[kMaxSegs + 1];  // first block of each segment
+  int count;
+};
+
+__device__ int segmentOf(const SegTable& t, int block) {
+  int s = 0;
+  while (s + 1 < t.count && t.blockStart[s + 1] <= block) ++s;
+  return s;
+}
+
+__global__ void adamwKernel(SegTable t, float lr, float beta1, float beta2, float eps, float stepSize,
+                            float bc2Sqrt) {
+  const int s = segmentOf(t, blockIdx.x);
+  const int64_t base = static_cast<int64_t>(blockIdx.x - t.blockStart[s]) * kChunk;
+  const int64_t end = min(t.n[s], base + kChunk);
+  float* p = t.p[s];
+  const float* g = t.g[s];
+  float* m = t.s1[s];
+  float* v = t.s2[s];
+  const float decay = 1.f - lr * t.wd[s];
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    float pi = p[i] * decay;
+    const float gi = g[i];
+    const float mi = beta1 * m[i] + (1.f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    pi -= stepSize * (mi / (sqrtf(vi) / bc2Sqrt + eps));
+    p[i] = pi;
+  }
+}
+
+__global__ void sgdKernel(SegTable t, float lr, float momentum, bool nesterov, bool first) {
+  const int s = segmentOf(t, blockIdx.x);
+  const int64_t base = static_cast<int64_t>(blockIdx.x - t.blockStart[s]) * kChunk;
+  const int64_t end = min(t.n[s], base + kChunk);
+  float* p = t.p[s];
+  const float* g = t.g[s];
+  float* buf = t.s1[s];
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    float gi = g[i] + t.wd[s] * p[i];
+    if (momentum != 0.f) {
+      const float b = first ? gi : momentum * buf[i] + gi;
+      buf[i] = b;
+      gi = nesterov ? gi + momentum * b : b;
+    }
+    p[i] -= lr * gi;
+  }
+}
+
+template <typename Launch>
+void forEachTable(const std::vector<OptimSegment>& segs, const std::vector<int64_t>& offsets, float* s1, float* s2,
+                  float weightDecay, Launch&& launch) {
+  size_t i = 0;
+  while (i < segs.size()) {
+    SegTable t{};
+    int blocks = 0;
+    t.count = 0;
+    for (; i < segs.size() && t.count < kMaxSegs; ++i) {
+      const int64_t n = segs[i].value.numel();
+      if (n == 0) continue;
+      const int k = t.count++;
+      t.p[k] = segs[i].value.data<float>();
+      t.g[k] = segs[i].grad.data<float>();
+      t.s1[k] = s1 ? s1 + offsets[i] : nullptr;
+      t.s2[k] = s2 ? s2 + offsets[i] : nullptr;
+      t.n[k] = n;
+      t.wd[k] = segs[i].decay ? weightDecay : 0.f;
+      t.blockStart[k] = blocks;
+      blocks += static_cast<int>((n + kChunk - 1) / kChunk);
+    }
+    t.blockStart[t.count] = blocks;
+    if (blocks > 0) launch(t, blocks);
+  }
+}
+
+__global__ void sumSqPartial(const float* x, int64_t n, double* part) {
+  __shared__ double red[256];
+  double acc = 0.0;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kChunk;
+  const int64_t end = min(n, base + kChunk);
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) acc += static_cast<double>(x[i]) * x[i];
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[blockIdx.x] = red[0];
+}
+
+__global__ void sumFinal(const double* part, int64_t n, double* out) {
+  __shared__ double red[256];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = red[0];
+}
+
+__global__ void scaleKernel(float* x, int64_t n, float f) {
+  MT_GRID_STRIDE(i, n) { x[i] *= f; }
+}
+
+__global__ void nonFiniteKernel(const float* x, int64_t n, int* flag) {
+  MT_GRID_STRIDE(i, n) {
+    if (!isfinite(x[i])) *flag = 1;
+  }
+}
+
+}  // namespace
+
+void adamwMultiTensor(const std::vector<OptimSegment>& segs, const std::vector<int64_t>& offsets, Tensor& m, Tensor& v,
+                      float lr, float wd, float beta1, float beta2, float eps, int64_t step) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  const float stepSize = static_cast<float>(static_cast<double>(lr) / bc1);
+  const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
+  forEachTable(segs, offsets, m.data<float>(), v.data<float>(), wd, [&](const SegTable& t, int blocks) {
+    adamwKernel<<<blocks, 256, 0, currentStream()>>>(t, lr, beta1, beta2, eps, stepSize, bc2Sqrt);
+    checkLaunch();
+  });
+}
+
+void sgdMultiTensor(const std::vector<OptimSegment>& segs, const std::vector<int64_t>& offsets, Tensor& buf, float lr,
+                    float wd, float momentum, bool nesterov, bool firstStep) {
+  float* b = buf.numel() ? buf.data<float>() : nullptr;
+  forEachTable(segs, offsets, b, nullptr, wd, [&](const SegTable& t, int blocks) {
+    sgdKernel<<<blocks, 256, 0, currentStream()>>>(t, lr, momentum, nesterov, firstStep);
+    checkLaunch();
+  });
+}
+
+double sumOfSquares(const Tensor& t) {
+  const int64_t n = t.numel();
+  if (n == 0) return 0.0;
+  const int64_t blocks = (n + kChunk - 1) / kChunk;
+  Tensor part = Tensor::empty({blocks + 1}, DType::kF64, t.device());
+  sumSqPartial<<<static_cast<unsigned>(blocks), 256, 0, currentStream()>>>(t.data<float>(), n, part.data<double>());
+  sumFinal<<<1, 256, 0, currentStream()>>>(part.data<double>(), blocks, part.data<double>() + blocks);
+  checkLaunch();
+  double out = 0.0;
+  CUDA_CHECK(cudaMemcpyAsync(&out, part.data<double>() + blocks, sizeof(double), cudaMemcpyDeviceToHost, currentStream()));
+  CUDA_CHECK(cudaStreamSynchronize(currentStream()));
+  return out;
+}
+
+void scaleInPlace(const Tensor& t, float factor) {
+  scaleKernel<<<gridFor1d(t.numel()), 256, 0, currentStream()>>>(static_cast<float*>(t.rawData()), t.numel(), factor);
+  checkLaunch();
+}
+
+bool anyNonFinite(const std::vector<Tensor>& ts) {
+  if (ts.empty()) return false;
+  Tensor flag = Tensor::zeros({1}, DType::kI32, ts[0].device());
+  for (const Tensor& t : ts)
+    nonFiniteKernel<<<gridFor1d(t.numel()), 256, 0, currentStream()>>>(t.data<float>(), t.numel(),
+                                                                        flag.data<int32_t>());
+  checkLaunch();
+  int host = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&host, flag.data<int32_t>(), sizeof(int), cudaMemcpyDeviceToHost, currentStream()));
+  CUDA_CHECK(cudaStreamSynchronize(currentStream()));
+  return host != 0;
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds meshtrain for the device tool's H200 on this machine (sm_90a, shared libraries, static
+# Boost.PO) and stages what a device run needs in dist/ (under the 64 MiB the tool carries):
+#   dist/bin, dist/lib      binaries and our shared libraries (RPATH $ORIGIN/../lib)
+#   dist/fallback-lib       system libraries the device image may lack, xz-compressed (unpacked by
+#                           run_on_device.sh only when ldd there reports them missing)
+#   dist/fashion-idx        Fashion-MNIST IDX files, converted to HDF5 on the device
+# Then: device run with carry ["dist"] and command "bash scripts/device/run_on_device.sh <what>".
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=build-sm90
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DMT_SHARED=ON \
+  -DBUILD_TESTING=ON >/dev/null
+cmake --build "$build" -j "${JOBS:-$(nproc)}"
+rm -rf dist
+mkdir -p dist/bin dist/lib dist/fallback-lib dist/fashion-idx
+for f in "$build"/bin/*; do strip -o "dist/bin/$(basename "$f")" "$f"; done
+for f in "$build"/lib/*.so; do strip -o "dist/lib/$(basename "$f")" "$f"; done
+# Libraries outside CUDA that Ubuntu 24.04 may not have installed.
+for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libhdf5_serial.so.103 libsz.so.2 libaec.so.0 \
+           libpugixml.so.1; do
+  p=$(ldconfig -p | awk -v l="$lib" '$1 == l && !done {print $NF; done = 1}')
+  if [[ -n "$p" ]]; then xz -9 -c "$(readlink -f "$p")" >"dist/fallback-lib/$lib.xz"; fi
+done
+cp /usr/share/datasets/fashion-mnist/*.gz dist/fashion-idx/
+du -sh dist dist/*

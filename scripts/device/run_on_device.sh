@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs on the device machine over the carried dist/ (see build_for_device.sh):
+#   bash scripts/device/run_on_device.sh probe|gpu-tests|bench [args]
+# Results go to $OUT (when set) as logs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp/mt-out}"
+mkdir -p "$out" dist/active-lib
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# Unpack only the fallback libraries the system lacks (twice: fallbacks may need fallbacks).
+export LD_LIBRARY_PATH="$PWD/dist/active-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for pass in 1 2; do
+  for b in dist/bin/* dist/lib/*.so dist/active-lib/*; do
+    [[ -e "$b" ]] && ldd "$b" 2>/dev/null | awk '/not found/ {print $1}'
+  done | sort -u | while read -r missing; do
+    if [[ -f "dist/fallback-lib/$missing.xz" ]]; then
+      python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" \
+        "dist/fallback-lib/$missing.xz" "dist/active-lib/$missing"
+      echo "using bundled $missing"
+    fi
+  done
+done
+if [[ ! -f dist/fashion_mnist.h5 ]]; then
+  python3 scripts/data/fashion_mnist_to_hdf5 --src dist/fashion-idx --out dist/fashion_mnist.h5 >/dev/null
+fi
+export TRAINER="$PWD/dist/bin/trainer" FASHION_H5="$PWD/dist/fashion_mnist.h5" SOURCE_DIR="$PWD"
+what="${1:-probe}"
+shift || true
+case "$what" in
+  probe)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    ls dist/active-lib
+    for b in dist/bin/trainer dist/lib/*.so; do ldd "$b" | grep -E "not found" && echo "MISSING in $b"; done
+    dist/bin/trainer --devices
+    ;;
+  gpu-tests)
+    status=0
+    for t in test_cuda_core test_gpu_parity test_nccl; do
+      echo "=== $t"
+      dist/bin/$t 2>&1 | tee "$out/$t.log" | grep -E "OK|FAILED|PASSED|worst|GPU tests on" || true
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    done
+    echo "=== gpu_training"
+    python3 tests/launch/test_gpu_training.py 2>&1 | tee "$out/gpu_training.log" | tail -25
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    exit $status
+    ;;
+  *)
+    "$@"
+    ;;
+esac

@@ -1,0 +1,306 @@
+// GPU against CPU: every op's forward and backward, the optimizers, and 20 training steps of the
+// mlp and cnn. f32 (strict FP32 GEMMs and FMA convolutions): relative error < 1e-4; bf16 matmul
+// precision: < 2e-2.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/cuda/CudaCheck.h"
+#include "core/cuda/CudaRuntime.h"
+#include "models/ModelConfig.h"
+#include "models/layers/Activation.h"
+#include "models/layers/Conv2d.h"
+#include "models/layers/Dropout.h"
+#include "models/layers/Embedding.h"
+#include "models/layers/ImageInput.h"
+#include "models/layers/LayerNorm.h"
+#include "models/layers/Linear.h"
+#include "models/layers/MaxPool2d.h"
+#include "models/layers/SoftmaxCrossEntropy.h"
+#include "models/optim/GradClip.h"
+#include "models/optim/LossScaler.h"
+#include "models/optim/LrSchedule.h"
+#include "models/optim/Optimizer.h"
+#include "tests/common/TestUtil.h"
+
+namespace mt {
+namespace {
+
+using test::randomTensor;
+using test::relErr;
+constexpr double kF32 = 1e-4, kBF16 = 2e-2;
+const Device kGpu = Device::cuda(0);
+
+Tensor gpu(const Tensor& t) { return t.to(kGpu); }
+Tensor zerosLike(const Tensor& t, Device d) { return Tensor::zeros(t.shape(), t.dtype(), d); }
+
+class PrecisionScope {
+ public:
+  explicit PrecisionScope(MatmulPrecision p) : prev_(CudaRuntime::require().matmulPrecision()) {
+    CudaRuntime::require().setMatmulPrecision(p);
+  }
+  ~PrecisionScope() { CudaRuntime::require().setMatmulPrecision(prev_); }
+
+ private:
+  MatmulPrecision prev_;
+};
+
+void linearCase(MatmulPrecision p, double tol) {
+  PrecisionScope scope(p);
+  Tensor x = randomTensor({67, 130}, 1), w = randomTensor({45, 130}, 2, 0.1f), b = randomTensor({45}, 3);
+  Tensor dy = randomTensor({67, 45}, 4);
+  Tensor y = zerosLike(dy, Device::cpu()), dx = zerosLike(x, Device::cpu()), dw = zerosLike(w, Device::cpu()),
+         db = zerosLike(b, Device::cpu());
+  linearForward(y, x, w, &b);
+  linearBackward(&dx, dw, &db, dy, x, w);
+  Tensor gx = gpu(x), gw = gpu(w), gb = gpu(b), gdy = gpu(dy);
+  Tensor gy = zerosLike(y, kGpu), gdx = zerosLike(x, kGpu), gdw = zerosLike(w, kGpu), gdb = zerosLike(b, kGpu);
+  linearForward(gy, gx, gw, &gb);
+  linearBackward(&gdx, gdw, &gdb, gdy, gx, gw);
+  EXPECT_LT(relErr(gy, y), tol);
+  EXPECT_LT(relErr(gdx, dx), tol);
+  EXPECT_LT(relErr(gdw, dw), tol);
+  EXPECT_LT(relErr(gdb, db), tol);
+}
+TEST(GpuParity, LinearF32) { linearCase(MatmulPrecision::kF32, kF32); }
+TEST(GpuParity, LinearBF16) { linearCase(MatmulPrecision::kBF16, kBF16); }
+TEST(GpuParity, LinearF16) { linearCase(MatmulPrecision::kF16, kBF16); }
+
+void convCase(Layout layout, int64_t k, int64_t s, int64_t pad, MatmulPrecision p, double tol) {
+  PrecisionScope scope(p);
+  Shape xs = layout == Layout::kNCHW ? Shape{4, 6, 15, 13} : Shape{4, 15, 13, 6};
+  Tensor x = randomTensor(xs, 11);
+  Conv2dGeometry g = Conv2dGeometry::make(layout, xs, 10, k, s, pad);
+  Shape ws = layout == Layout::kNCHW ? Shape{10, 6, k, k} : Shape{10, k, k, 6};
+  Shape ys = layout == Layout::kNCHW ? Shape{4, 10, g.OH, g.OW} : Shape{4, g.OH, g.OW, 10};
+  Tensor w = randomTensor(ws, 12, 0.2f), b = randomTensor({10}, 13), dy = randomTensor(ys, 14);
+  Tensor col = Tensor::empty({g.positions() * g.K()}, DType::kF32);
+  Tensor y = Tensor::zeros(ys, DType::kF32), dx = zerosLike(x, Device::cpu()), dw = zerosLike(w, Device::cpu()),
+         db = zerosLike(b, Device::cpu());
+  conv2dForward(y, col, x, w, &b, g);
+  conv2dBackward(&dx, dw, &db, dy, x, col, w, g);
+  Tensor gx = gpu(x), gw = gpu(w), gb = gpu(b), gdy = gpu(dy), none;
+  Tensor gy = zerosLike(y, kGpu), gdx = zerosLike(x, kGpu), gdw = zerosLike(w, kGpu), gdb = zerosLike(b, kGpu);
+  conv2dForward(gy, none, gx, gw, &gb, g);
+  conv2dBackward(&gdx, gdw, &gdb, gdy, gx, none, gw, g);
+  EXPECT_LT(relErr(gy, y), tol) << layoutName(layout);
+  EXPECT_LT(relErr(gdx, dx), tol) << layoutName(layout);
+  EXPECT_LT(relErr(gdw, dw), tol) << layoutName(layout);
+  EXPECT_LT(relErr(gdb, db), tol) << layoutName(layout);
+}
+TEST(GpuParity, ConvF32) {
+  for (Layout l : {Layout::kNCHW, Layout::kNHWC}) {
+    convCase(l, 3, 1, 1, MatmulPrecision::kF32, kF32);
+    convCase(l, 3, 2, 0, MatmulPrecision::kF32, kF32);
+    convCase(l, 5, 1, 2, MatmulPrecision::kF32, kF32);
+  }
+}
+TEST(GpuParity, ConvBF16) {
+  for (Layout l : {Layout::kNCHW, Layout::kNHWC}) convCase(l, 3, 1, 1, MatmulPrecision::kBF16, kBF16);
+}
+
+TEST(GpuParity, MaxPool) {
+  for (Layout l : {Layout::kNCHW, Layout::kNHWC})
+    for (int64_t k : {2, 3}) {
+      Shape xs = l == Layout::kNCHW ? Shape{3, 5, 11, 9} : Shape{3, 11, 9, 5};
+      Tensor x = randomTensor(xs, 21);
+      PoolGeometry g = PoolGeometry::make(l, xs, k, 2);
+      Shape ys = l == Layout::kNCHW ? Shape{3, 5, g.OH, g.OW} : Shape{3, g.OH, g.OW, 5};
+      Tensor dy = randomTensor(ys, 22);
+      Tensor y = Tensor::zeros(ys, DType::kF32), arg = Tensor::empty(ys, DType::kI32), dx = zerosLike(x, Device::cpu());
+      maxPool2dForward(y, &arg, x, g);
+      maxPool2dBackward(dx, dy, arg, g);
+      Tensor gy = zerosLike(y, kGpu), garg = Tensor::empty(ys, DType::kI32, kGpu), gdx = zerosLike(x, kGpu);
+      Tensor gx = gpu(x);
+      maxPool2dForward(gy, &garg, gx, g);
+      maxPool2dBackward(gdx, gpu(dy), garg, g);
+      EXPECT_EQ(relErr(gy, y), 0.0);
+      EXPECT_LT(relErr(gdx, dx), 1e-6);
+    }
+}
+
+TEST(GpuParity, Elementwise) {
+  Tensor x = randomTensor({33, 77}, 31, 4.f), dy = randomTensor({33, 77}, 32);
+  Tensor gx = gpu(x), gdy = gpu(dy);
+  Tensor y = zerosLike(x, Device::cpu()), dx = zerosLike(x, Device::cpu());
+  Tensor gy = zerosLike(x, kGpu), gdx = zerosLike(x, kGpu);
+  reluForward(y, x);
+  reluBackward(dx, dy, y);
+  reluForward(gy, gx);
+  reluBackward(gdx, gdy, gy);
+  EXPECT_EQ(relErr(gy, y), 0.0);
+  EXPECT_EQ(relErr(gdx, dx), 0.0);
+  for (GeluKind k : {GeluKind::kTanh, GeluKind::kErf}) {
+    geluForward(y, x, k);
+    geluBackward(dx, dy, x, k);
+    geluForward(gy, gx, k);
+    geluBackward(gdx, gdy, gx, k);
+    EXPECT_LT(relErr(gy, y), 1e-6);
+    EXPECT_LT(relErr(gdx, dx), 1e-6);
+  }
+  // Dropout: the same Philox mask on both devices.
+  Tensor m = Tensor::empty(x.shape(), DType::kU8), gm = Tensor::empty(x.shape(), DType::kU8, kGpu);
+  dropoutForward(y, m, x, 0.3f, 99, dropoutStream(7, 2));
+  dropoutForward(gy, gm, gx, 0.3f, 99, dropoutStream(7, 2));
+  EXPECT_EQ(std::memcmp(gm.to(Device::cpu()).rawData(), m.rawData(), m.nbytes()), 0);
+  EXPECT_LT(relErr(gy, y), 1e-7);
+  dropoutBackward(dx, dy, m, 0.3f);
+  dropoutBackward(gdx, gdy, gm, 0.3f);
+  EXPECT_LT(relErr(gdx, dx), 1e-7);
+}
+
+TEST(GpuParity, LayerNormSoftmaxEmbeddingImageInput) {
+  for (int64_t C : {17, 768, 3000}) {
+    Tensor x = randomTensor({41, C}, 41, 3.f), w = randomTensor({C}, 42), b = randomTensor({C}, 43);
+    Tensor dy = randomTensor({41, C}, 44);
+    Tensor y = zerosLike(x, Device::cpu()), dx = zerosLike(x, Device::cpu()), dw = zerosLike(w, Device::cpu()),
+           db = zerosLike(b, Device::cpu()), mean = Tensor::empty({41}, DType::kF32), rstd = Tensor::empty({41}, DType::kF32);
+    layerNormForward(y, &mean, &rstd, x, w, b, 1e-5f);
+    layerNormBackward(dx, dw, db, dy, x, w, mean, rstd);
+    Tensor gx = gpu(x), gw = gpu(w), gb = gpu(b);
+    Tensor gy = zerosLike(x, kGpu), gdx = zerosLike(x, kGpu), gdw = zerosLike(w, kGpu), gdb = zerosLike(b, kGpu),
+           gmean = Tensor::empty({41}, DType::kF32, kGpu), grstd = Tensor::empty({41}, DType::kF32, kGpu);
+    layerNormForward(gy, &gmean, &grstd, gx, gw, gb, 1e-5f);
+    layerNormBackward(gdx, gdw, gdb, gpu(dy), gx, gw, gmean, grstd);
+    EXPECT_LT(relErr(gy, y), kF32) << C;
+    EXPECT_LT(relErr(gdx, dx), kF32) << C;
+    EXPECT_LT(relErr(gdw, dw), kF32) << C;
+    EXPECT_LT(relErr(gdb, db), kF32) << C;
+  }
+  Tensor z = randomTensor({37, 1003}, 51, 5.f), t = Tensor::empty({37}, DType::kI64);
+  for (int i = 0; i < 37; ++i) t.data<int64_t>()[i] = i == 5 ? kIgnoreIndex : (i * 131) % 1003;
+  Tensor dz = zerosLike(z, Device::cpu()), gdz = zerosLike(z, kGpu);
+  LossStats c = softmaxCrossEntropy(z, t, &dz, 1.f);
+  LossStats g = softmaxCrossEntropy(gpu(z), t, &gdz, 1.f);
+  EXPECT_EQ(g.count, c.count);
+  EXPECT_EQ(g.correct, c.correct);
+  EXPECT_NEAR(g.lossSum, c.lossSum, 1e-5 * std::fabs(c.lossSum));
+  EXPECT_LT(relErr(gdz, dz), kF32);
+  Tensor bad = t.clone();
+  bad.data<int64_t>()[3] = 5000;
+  EXPECT_THROW(softmaxCrossEntropy(gpu(z), bad, nullptr, 1.f), DataError);
+
+  Tensor ew = randomTensor({50, 24}, 61), idx = Tensor::empty({3, 7}, DType::kI32);
+  for (int i = 0; i < 21; ++i) idx.data<int32_t>()[i] = (i * 7) % 13;  // repeats
+  Tensor ey = Tensor::zeros({3, 7, 24}, DType::kF32), edy = randomTensor({3, 7, 24}, 62), edw = zerosLike(ew, Device::cpu());
+  embeddingForward(ey, idx, ew);
+  embeddingBackward(edw, edy, idx);
+  Tensor gey = zerosLike(ey, kGpu), gedw = zerosLike(ew, kGpu);
+  Tensor gew = gpu(ew), gidx = gpu(idx);
+  embeddingForward(gey, gidx, gew);
+  embeddingBackward(gedw, gpu(edy), gidx);
+  EXPECT_EQ(relErr(gey, ey), 0.0);
+  EXPECT_LT(relErr(gedw, edw), 1e-6);
+
+  Tensor img = Tensor::empty({5, 9, 7, 3}, DType::kU8);
+  for (int64_t i = 0; i < img.numel(); ++i) img.data<uint8_t>()[i] = static_cast<uint8_t>(i * 37);
+  for (ImageOutput o : {ImageOutput::kNHWC, ImageOutput::kNCHW, ImageOutput::kFlat}) {
+    Tensor a = Tensor::empty({5 * 9 * 7 * 3}, DType::kF32), ga = Tensor::empty({5 * 9 * 7 * 3}, DType::kF32, kGpu);
+    imageInputForward(a, img, 0.3f, 0.4f, o);
+    imageInputForward(ga, gpu(img), 0.3f, 0.4f, o);
+    EXPECT_LT(relErr(ga, a), 1e-6);
+  }
+}
+
+TEST(GpuParity, OptimizersAndGradUtilities) {
+  for (const char* type : {"adamw", "sgd"}) {
+    std::vector<OptimSegment> cpu, dev;
+    std::vector<Tensor> keep;
+    for (int i = 0; i < 60; ++i) {  // more segments than one multi-tensor launch holds
+      const int64_t n = 1 + (i * 977) % 9000;
+      Tensor p = randomTensor({n}, 100 + i), g = randomTensor({n}, 200 + i);
+      cpu.push_back({p, g, i % 3 != 0});
+      dev.push_back({gpu(p), gpu(g), i % 3 != 0});
+    }
+    OptimConfig oc;
+    oc.type = type;
+    oc.weightDecay = 0.1f;
+    auto oc1 = makeOptimizer(oc, cpu), oc2 = makeOptimizer(oc, dev);
+    for (int s = 0; s < 3; ++s) {
+      oc1->step(1e-2f);
+      oc2->step(1e-2f);
+    }
+    for (size_t i = 0; i < cpu.size(); ++i) ASSERT_LT(relErr(dev[i].value, cpu[i].value), 1e-6) << type << " " << i;
+    EXPECT_NEAR(sumOfSquares(dev), sumOfSquares(cpu), 1e-9 * sumOfSquares(cpu));
+    EXPECT_NEAR(clipGradNorm(dev, 1.f), clipGradNorm(cpu, 1.f), 1e-6);
+    EXPECT_LT(relErr(dev[7].grad, cpu[7].grad), 1e-6);
+  }
+}
+
+TEST(GpuParity, LossScalerSkipsInfSteps) {
+  Tensor g = gpu(randomTensor({1000}, 5));
+  std::vector<OptimSegment> segs = {{gpu(randomTensor({1000}, 6)), g, true}};
+  LossScaler scaler;
+  EXPECT_TRUE(scaler.unscaleAndCheck(segs, nullptr));
+  EXPECT_EQ(scaler.scale(), 65536.f);
+  float inf = INFINITY;
+  CUDA_CHECK(cudaMemcpy(static_cast<float*>(g.rawData()) + 17, &inf, sizeof(float), cudaMemcpyHostToDevice));
+  EXPECT_FALSE(scaler.unscaleAndCheck(segs, nullptr));
+  EXPECT_EQ(scaler.scale(), 32768.f);
+  EXPECT_EQ(scaler.skippedSteps(), 1);
+}
+
+// 20 steps on CPU and GPU from the same weights and batches.
+void trainCase(const std::string& type, Layout layout, MatmulPrecision p, double tol) {
+  PrecisionScope scope(p);
+  ModelConfig mc;
+  mc.type = type;
+  mc.hidden = {128, 64};
+  mc.convChannels = {8, 16};
+  mc.fc = 32;
+  mc.layout = layout;
+  mc.dropout = 0.1f;
+  InputSpec in;
+  auto cpuModel = buildImageModel(mc, in), gpuModel = buildImageModel(mc, in);
+  cpuModel->params().materialize(Device::cpu());
+  gpuModel->params().materialize(kGpu);
+  cpuModel->initParams(3);
+  gpuModel->initParams(3);
+  OptimConfig oc;
+  auto o1 = makeOptimizer(oc, segmentsOf(cpuModel->params())), o2 = makeOptimizer(oc, segmentsOf(gpuModel->params()));
+  Rng rng(8);
+  double worst = 0;
+  for (int s = 0; s < 20; ++s) {
+    Batch b;
+    // Class-dependent smooth patterns plus noise: learnable, so gradients are signal rather than
+    // cancellation noise (which Adam would amplify into sign flips on either device).
+    b.inputs = Tensor::empty({32, 28, 28, 1}, DType::kU8);
+    b.targets = Tensor::empty({32}, DType::kI64);
+    for (int n = 0; n < 32; ++n) {
+      const int64_t cls = static_cast<int64_t>(rng.below(10));
+      b.targets.data<int64_t>()[n] = cls;
+      for (int yy = 0; yy < 28; ++yy)
+        for (int xx = 0; xx < 28; ++xx) {
+          const float v = 128.f + 90.f * std::sin(0.3f * (cls + 1) * xx + 0.2f * yy) + rng.uniform(-20.f, 20.f);
+          b.inputs.data<uint8_t>()[(n * 28 + yy) * 28 + xx] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, v)));
+        }
+    }
+    Batch g;
+    g.inputs = gpu(b.inputs);
+    g.targets = gpu(b.targets);
+    Context ctx;
+    ctx.step = s;
+    ctx.seed = 17;
+    cpuModel->params().zeroGrads();
+    gpuModel->params().zeroGrads();
+    const double lc = cpuModel->forward(b, ctx).meanLoss();
+    const double lg = gpuModel->forward(g, ctx).meanLoss();
+    cpuModel->backward(ctx);
+    gpuModel->backward(ctx);
+    o1->step(1e-3f);
+    o2->step(1e-3f);
+    worst = std::max(worst, std::fabs(lg - lc) / std::fabs(lc));
+  }
+  std::printf("%s %s precision %d: worst loss relative difference CPU vs GPU over 20 steps %.2e\n", type.c_str(),
+              layoutName(layout), static_cast<int>(p), worst);
+  EXPECT_LT(worst, tol);
+}
+TEST(GpuParity, TrainMlpF32) { trainCase("mlp", Layout::kNHWC, MatmulPrecision::kF32, kF32); }
+TEST(GpuParity, TrainCnnNhwcF32) { trainCase("cnn", Layout::kNHWC, MatmulPrecision::kF32, kF32); }
+TEST(GpuParity, TrainCnnNchwF32) { trainCase("cnn", Layout::kNCHW, MatmulPrecision::kF32, kF32); }
+TEST(GpuParity, TrainMlpBF16) { trainCase("mlp", Layout::kNHWC, MatmulPrecision::kBF16, kBF16); }
+TEST(GpuParity, TrainCnnBF16) { trainCase("cnn", Layout::kNHWC, MatmulPrecision::kBF16, kBF16); }
+
+}  // namespace
+}  // namespace mt
