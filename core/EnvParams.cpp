@@ -21,6 +21,7 @@ const std::vector<EnvParamInfo>& envParamTable() {
       {EnvParam::kHealthPort, "MT_HEALTH_PORT", "0", "TCP port of rank 0's health monitor; 0 = any free port"},
       {EnvParam::kNodeSplit, "MT_NODE_SPLIT", "0",
        "emulate nodes of this many ranks (tests on one machine); 0 = real nodes"},
+      {EnvParam::kProfileDir, "MT_PROFILE_DIR", "", "where topo.profile names are looked up; empty = the source tree's topo/profiles"},
   };
   return kTable;
 }

@@ -16,6 +16,7 @@ enum class EnvParam : int {
   kFingerprint,     // MT_DEBUG_FINGERPRINT
   kHealthPort,      // MT_HEALTH_PORT
   kNodeSplit,       // MT_NODE_SPLIT
+  kProfileDir,      // MT_PROFILE_DIR
   kCount
 };
 

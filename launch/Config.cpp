@@ -74,6 +74,12 @@ const std::vector<ConfigKey>& configSchema() {
       {"dist.timeout_s", "300", "collective timeout in seconds (MT_COMM_TIMEOUT_S overrides)"},
       {"dist.fingerprint", "false", "check that all ranks issue the same collective (debug; slow)"},
       {"dist.health_monitor", "true", "detect killed ranks at once through a TCP connection to rank 0"},
+      // topo
+      {"topo.file", "", "NCCL topology XML of a node (NCCL_TOPO_FILE); rails and CPU affinity come from it"},
+      {"topo.profile", "", "environment profile: a name in topo/profiles (ib-ndr, ib-hdr, roce-v2, socket, ...) or a path"},
+      {"topo.hierarchical", "false", "data-parallel all-reduce as reduce-scatter in node, all-reduce across, all-gather in"},
+      {"topo.node_ranks", "0", "ranks per node for the intra/inter-node groups (0: the real nodes; >0 emulates)"},
+      {"topo.bind_cpus", "true", "cuda: bind each rank to the CPU cores of its GPU's NUMA node (needs topo.file)"},
   };
   return kSchema;
 }

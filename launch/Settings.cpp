@@ -116,6 +116,12 @@ Settings Settings::fromConfig(const Config& c) {
   s.timeout = std::chrono::seconds(timeout);
   s.fingerprint = c.flag("dist.fingerprint") || envInt(EnvParam::kFingerprint) != 0;
   s.healthMonitor = c.flag("dist.health_monitor");
+  s.topoFile = c.str("topo.file");
+  s.profile = c.str("topo.profile");
+  s.hierarchical = c.flag("topo.hierarchical");
+  s.bindCpus = c.flag("topo.bind_cpus");
+  s.nodeRanks = static_cast<int>(c.i64("topo.node_ranks"));
+  if (s.nodeRanks < 0) c.fail("topo.node_ranks", "must be >= 0");
   return s;
 }
 

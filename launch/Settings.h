@@ -42,6 +42,10 @@ struct Settings {
   DataParallelOptions dp;
   std::chrono::seconds timeout{300};
   bool fingerprint = false, healthMonitor = true;
+  // topo
+  std::string topoFile, profile;
+  bool hierarchical = false, bindCpus = true;
+  int nodeRanks = 0;
 
   static Settings fromConfig(const Config& cfg);
 };

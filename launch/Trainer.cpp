@@ -1,9 +1,12 @@
 #include "launch/Trainer.h"
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -33,6 +36,7 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), s_(Setting
   }
   setNumThreads(defaultNumThreads(mpi_.localSize()));
   runDir_ = s_.runDir;
+  setupTopology();
   setupDevice();
   setupComm();
   setupData();
@@ -46,6 +50,11 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), s_(Setting
     // Which process is which rank, for operators (and the fault tests) that signal one rank.
     std::ofstream pid(runDir_ + "/rank" + std::to_string(world_->rank()) + ".pid");
     pid << ::getpid() << "\n";
+  }
+  if (world_->rank() == 0 && (!ncclEnv_.empty() || profile_)) {
+    std::ofstream env(runDir_ + "/nccl.env");
+    env << "# NCCL environment in effect (profile " << (profile_ ? profile_->name : "none") << ")\n";
+    for (const auto& l : ncclEnv_) env << l << "\n";
   }
   if (world_->rank() == 0) {
     std::ofstream ini(runDir_ + "/config.ini");
@@ -65,7 +74,34 @@ Trainer::~Trainer() {
   optimizer_.reset();
   dp_.reset();
   model_.reset();
+  groups_.reset();
   world_.reset();
+}
+
+void Trainer::setupTopology() {
+  if (!s_.topoFile.empty()) topology_ = std::make_unique<Topology>(Topology::load(s_.topoFile));
+  if (!s_.profile.empty()) {
+    std::string dir = envString(EnvParam::kProfileDir);
+    if (dir.empty()) dir = MT_DEFAULT_PROFILE_DIR;
+    profile_ = std::make_unique<Profile>(Profile::load(s_.profile, dir));
+    auto it = profile_->hints.find("fabric");
+    Fabric f;
+    if (topology_ && it != profile_->hints.end() && parseFabric(it->second, &f)) topology_->setFabric(f);
+  }
+  // NCCL reads its environment at the first call: everything is exported here, before any.
+  if (profile_) ncclEnv_ = profile_->apply();
+  if (!s_.topoFile.empty()) {
+    if (std::getenv("NCCL_TOPO_FILE")) {
+      ncclEnv_.push_back(std::string("NCCL_TOPO_FILE=") + std::getenv("NCCL_TOPO_FILE") + " (environment)");
+    } else {
+      setenv("NCCL_TOPO_FILE", s_.topoFile.c_str(), 0);
+      ncclEnv_.push_back("NCCL_TOPO_FILE=" + s_.topoFile + " (topo.file)");
+    }
+  }
+  if (mpi_.rank() == 0) {
+    for (const auto& l : ncclEnv_) MT_LOG_INFO << "nccl env: " << l;
+    if (topology_) MT_LOG_INFO << topology_->summary();
+  }
 }
 
 void Trainer::setupDevice() {
@@ -75,6 +111,7 @@ void Trainer::setupDevice() {
   if (n == 0) cfg_.fail("train.device", "no CUDA device is visible to rank " + std::to_string(mpi_.rank()));
   cuda_ = std::make_unique<CudaRuntime>(mpi_.localRank() % n);
   device_ = cuda_->dev();
+  if (topology_ && s_.bindCpus) bindToGpuCpus();
   cuda_->setMatmulPrecision(s_.precision == "bf16"   ? MatmulPrecision::kBF16
                             : s_.precision == "f16" ? MatmulPrecision::kF16
                                                     : MatmulPrecision::kF32);
@@ -83,6 +120,33 @@ void Trainer::setupDevice() {
   MT_LOG_DEBUG << "rank " << mpi_.rank() << " on GPU " << cuda_->device() << " (" << cuda_->deviceName() << ")";
 #else
   cfg_.fail("train.device", "this trainer was built without CUDA");
+#endif
+}
+
+void Trainer::bindToGpuCpus() {
+#ifdef MT_WITH_CUDA
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), cuda_->device()) != cudaSuccess) return;
+  std::string id = bus;
+  for (auto& ch : id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const TopoGpu* match = nullptr;
+  for (const auto& g : topology_->gpus())
+    if (g.busid == id) match = &g;
+  if (!match && cuda_->device() < static_cast<int>(topology_->gpus().size()))
+    match = &topology_->gpus()[static_cast<size_t>(cuda_->device())];
+  if (!match || match->cpu < 0) return;
+  const auto& cores = topology_->cpus()[static_cast<size_t>(match->cpu)].cores;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int usable = 0;
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  for (int c : cores)
+    if (c < hw && c < CPU_SETSIZE) CPU_SET(c, &set), ++usable;
+  if (usable == 0) return;  // the file describes another machine
+  if (sched_setaffinity(0, sizeof(set), &set) == 0) {
+    MT_LOG_DEBUG << "bound to " << usable << " cores of NUMA node " << topology_->cpus()[static_cast<size_t>(match->cpu)].numa
+                 << " (GPU " << id << ")";
+  }
 #endif
 }
 
@@ -114,6 +178,13 @@ void Trainer::setupComm() {
 #endif
   } else {
     world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, opts);
+  }
+  if (s_.hierarchical) {
+    const int L = s_.nodeRanks > 0 ? s_.nodeRanks : mpi_.localSize();
+    if (world_->size() % L != 0)
+      cfg_.fail("topo.node_ranks", std::to_string(L) + " ranks per node do not divide the " +
+                                       std::to_string(world_->size()) + " ranks");
+    groups_ = std::make_unique<NodeGroups>(*world_, L);
   }
   if (world_->size() > 1 && s_.healthMonitor) {
     health_ = std::make_unique<HealthMonitor>(
@@ -158,6 +229,7 @@ void Trainer::setupModel() {
   // An explicitly chosen backend is used even by a single rank (so a 1-rank NCCL run exercises it).
   if (world_->size() > 1 || std::string(world_->backend()) != "local") {
     dp_ = std::make_unique<DataParallel>(model_->params(), *world_, s_.dp);
+    if (groups_) dp_->setReducer(std::make_unique<HierarchicalReducer>(*groups_));
     dp_->broadcastParameters(0);
     model_->setHooks(dp_.get());
   }

@@ -18,6 +18,9 @@
 #include "data/Loader.h"
 #include "launch/Config.h"
 #include "launch/Settings.h"
+#include "topo/Hierarchy.h"
+#include "topo/Profile.h"
+#include "topo/Topology.h"
 #include "launch/Metrics.h"
 #include "models/Model.h"
 #include "models/optim/LossScaler.h"
@@ -43,7 +46,9 @@ class Trainer {
   const std::string& runDir() const { return runDir_; }
 
  private:
+  void setupTopology();
   void setupDevice();
+  void bindToGpuCpus();
   void setupComm();
   void setupData();
   void setupModel();
@@ -70,6 +75,10 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<Communicator> world_;
   std::unique_ptr<HealthMonitor> health_;
+  std::unique_ptr<Topology> topology_;
+  std::unique_ptr<Profile> profile_;
+  std::vector<std::string> ncclEnv_;
+  std::unique_ptr<NodeGroups> groups_;
   std::unique_ptr<H5File> file_;
   std::unique_ptr<ImageDataset> train_, test_;
   std::unique_ptr<ImageSource> trainSource_;

@@ -1,6 +1,8 @@
 // trainer: the meshtrain training program.
 //   trainer [--config FILE.ini] [--section.key=value ...]   train (defaults: Fashion-MNIST MLP)
 //   trainer --help | --help-env | --devices
+//   trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]   topology summary
+//   trainer predict --topo X.xml [--profile P] ...                       scaling prediction
 // Exit codes: 0 ok, 1 internal/library failure, 2 bad input (config, data), 3 lost peer/timeout.
 
 #include <mpi.h>
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,8 @@
 #include "launch/Config.h"
 #include "launch/Failure.h"
 #include "launch/Trainer.h"
+#include "topo/CostModel.h"
+#include "topo/Topology.h"
 
 #ifdef MT_WITH_CUDA
 #include "core/cuda/CudaMemory.h"
@@ -50,8 +55,103 @@ int agreeOnSetup(int code, const std::string& message, int rank, int size) {
 
 }  // namespace
 
+// trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]
+int topoCommand(const std::vector<std::string>& args) {
+  std::string file, fabric;
+  bool json = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (a.rfind(flag + "=", 0) == 0) return a.substr(flag.size() + 1);
+      if (i + 1 < args.size()) return args[++i];
+      throw mt::ConfigError("topo: " + flag + " needs a value");
+    };
+    if (a == "--json") json = true;
+    else if (a.rfind("--file", 0) == 0) file = value("--file");
+    else if (a.rfind("--fabric", 0) == 0) fabric = value("--fabric");
+    else throw mt::ConfigError("topo: unknown argument '" + a + "' (usage: trainer topo --file X.xml [--json])");
+  }
+  if (file.empty()) throw mt::ConfigError("topo: --file X.xml is required");
+  mt::Topology t = mt::Topology::load(file);
+  if (!fabric.empty()) {
+    mt::Fabric f;
+    if (!mt::parseFabric(fabric, &f)) throw mt::ConfigError("topo: --fabric must be ib, roce, efa or socket");
+    t.setFabric(f);
+  }
+  std::cout << (json ? t.json() + "\n" : t.summary());
+  return 0;
+}
+
+// trainer predict --topo X.xml [--profile NAME|PATH] [--params N] [--grad-bytes B] [--compute-ms C]
+//   [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...] [--csv]
+int predictCommand(const std::vector<std::string>& args) {
+  std::string topo, profileName, nodesList = "1,2,4,8,16,32,64";
+  double params = 124e6, gradBytes = 2, computeMs = 100, backwardFraction = 2.0 / 3.0, bucketMb = 25;
+  bool csv = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string a = args[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw mt::ConfigError("predict: " + a + " needs a value");
+      return args[++i];
+    };
+    auto number = [&]() {
+      const std::string v = next();
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || d <= 0) throw mt::ConfigError("predict: " + a + " '" + v + "' is not a positive number");
+      return d;
+    };
+    if (a == "--topo") topo = next();
+    else if (a == "--profile") profileName = next();
+    else if (a == "--params") params = number();
+    else if (a == "--grad-bytes") gradBytes = number();
+    else if (a == "--compute-ms") computeMs = number();
+    else if (a == "--backward-fraction") backwardFraction = number();
+    else if (a == "--bucket-mb") bucketMb = number();
+    else if (a == "--nodes") nodesList = next();
+    else if (a == "--csv") csv = true;
+    else throw mt::ConfigError("predict: unknown argument '" + a + "'");
+  }
+  if (topo.empty()) throw mt::ConfigError("predict: --topo X.xml is required");
+  mt::Topology t = mt::Topology::load(topo);
+  std::unique_ptr<mt::Profile> profile;
+  if (!profileName.empty()) {
+    std::string dir = mt::envString(mt::EnvParam::kProfileDir);
+    if (dir.empty()) dir = MT_DEFAULT_PROFILE_DIR;
+    profile = std::make_unique<mt::Profile>(mt::Profile::load(profileName, dir));
+  }
+  mt::CostModel model(mt::CostModel::specFrom(t, profile.get()));
+  const double grads = params * gradBytes;
+  if (csv) std::printf("nodes,gpus,fabric,busbw_gbs,comm_ms,exposed_ms,step_ms,efficiency\n");
+  else std::printf("# %s\n# gradients %.0f MB, buckets %.0f MB, compute %.1f ms/step (backward %.0f%%)\n# %5s %5s %10s %10s %10s %10s %10s\n",
+                   model.spec().str().c_str(), grads / 1e6, bucketMb, computeMs, backwardFraction * 100, "nodes", "gpus",
+                   "busbw", "comm ms", "exposed", "step ms", "eff");
+  std::stringstream ss(nodesList);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const int nodes = std::atoi(item.c_str());
+    if (nodes <= 0) throw mt::ConfigError("predict: --nodes needs positive integers");
+    mt::StepEstimate e = model.step(grads, bucketMb * 1024 * 1024, computeMs, backwardFraction, nodes);
+    const int gpus = nodes * model.spec().gpusPerNode;
+    if (csv) std::printf("%d,%d,%s,%.2f,%.3f,%.3f,%.3f,%.4f\n", nodes, gpus, mt::fabricName(model.spec().fabric), e.busGBs,
+                         e.commMs, e.exposedMs, e.stepMs, e.efficiency);
+    else std::printf("  %5d %5d %10.1f %10.2f %10.2f %10.2f %10.3f\n", nodes, gpus, e.busGBs, e.commMs, e.exposedMs, e.stepMs,
+                     e.efficiency);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "topo" || args[0] == "predict")) {
+    try {
+      std::vector<std::string> rest(args.begin() + 1, args.end());
+      return args[0] == "topo" ? topoCommand(rest) : predictCommand(rest);
+    } catch (const mt::Error& e) {
+      mt::writeLine(std::string("error: ") + e.what());
+      return static_cast<int>(e.exitCode());
+    }
+  }
   for (const auto& a : args) {
     if (a == "--help-env") {
       printEnvHelp();

@@ -1,0 +1,55 @@
+// Hierarchical all-reduce on 4 ranks emulating 2 nodes x 2 ranks equals the flat all-reduce.
+
+#include <gtest/gtest.h>
+
+#include "comm/DataParallel.h"
+#include "comm/MpiCommunicator.h"
+#include "tests/common/TestUtil.h"
+#include "topo/Hierarchy.h"
+
+namespace mt {
+namespace {
+
+TEST(Hierarchy, EqualsFlatAllReduce) {
+  MpiCommunicator world(MPI_COMM_WORLD, CommOptions());
+  NodeGroups g(world, 2);
+  EXPECT_EQ(g.intra().size(), 2);
+  EXPECT_EQ(g.inter().size(), 2);
+  EXPECT_EQ(g.intra().rank(), world.rank() % 2);
+  EXPECT_EQ(g.inter().rank(), world.rank() / 2);
+  for (int64_t n : {1, 7, 1000, 12345}) {
+    Tensor a = test::randomTensor({n}, 100 + static_cast<uint64_t>(world.rank()));
+    Tensor b = a.clone();
+    world.allReduceSync(a, ReduceOp::kAvg);
+    g.allReduce(b, ReduceOp::kAvg);
+    EXPECT_LT(test::relErr(b, a), 1e-6) << n;
+    Tensor c = test::randomTensor({n}, 7 + static_cast<uint64_t>(world.rank())), d = c.clone();
+    world.allReduceSync(c, ReduceOp::kSum);
+    g.allReduce(d, ReduceOp::kSum);
+    EXPECT_LT(test::relErr(d, c), 1e-6) << n;
+  }
+}
+
+TEST(Hierarchy, DataParallelBucketsThroughTheHierarchy) {
+  MpiCommunicator world(MPI_COMM_WORLD, CommOptions());
+  NodeGroups g(world, 2);
+  ParamTable t;
+  for (int i = 0; i < 3; ++i) t.add("p" + std::to_string(i), {3001});
+  t.materialize(Device::cpu());
+  DataParallelOptions o;
+  o.firstBucketMb = 0.01;
+  o.bucketCapMb = 0.02;
+  DataParallel dp(t, world, o);
+  dp.setReducer(std::make_unique<HierarchicalReducer>(g));
+  dp.beginBackward();
+  for (int i = 2; i >= 0; --i) {
+    t[static_cast<size_t>(i)].grad.fill_(static_cast<float>(world.rank() * 10 + i));
+    dp.gradReady(t[static_cast<size_t>(i)]);
+  }
+  dp.finishBackward();
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(t[static_cast<size_t>(i)].grad.data<float>()[3000], 15.f + i);
+  EXPECT_THROW(NodeGroups(world, 3), ConfigError);
+}
+
+}  // namespace
+}  // namespace mt

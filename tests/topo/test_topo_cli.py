@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""trainer topo / predict from the command line, and a hierarchical data-parallel run on 4 ranks
+emulating 2 nodes that matches the flat run step for step."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+TRAINER = os.environ["TRAINER"]
+SAMPLES = os.environ["TOPO_SAMPLES"]
+FASHION = os.environ["FASHION_H5"]
+
+
+def run(args, np=1):
+    cmd = ([TRAINER] if np == 1 else ["mpirun", "-np", str(np), TRAINER]) + args
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+class TopoCli(unittest.TestCase):
+    def test_json_summary(self):
+        p = run(["topo", "--file", os.path.join(SAMPLES, "oci-hpc-H100-topology.xml"), "--json"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        j = json.loads(p.stdout)
+        self.assertEqual(len(j["gpus"]), 8)
+        self.assertEqual(len(j["nics"]), 8)
+        self.assertEqual([g["rail"] for g in j["gpus"]], [[i] for i in range(8)])
+        self.assertEqual(j["primary_fabric"], "roce")
+        p = run(["topo", "--file", os.path.join(SAMPLES, "azhpc-ndv5-topo.xml")])
+        self.assertIn("8 GPU(s), 8 NIC(s), primary fabric ib", p.stdout)
+
+    def test_bad_input_exits_2(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".xml", delete=False) as f:
+            f.write('<system version="1">\n  <cpu>\n</system>\n')
+        p = run(["topo", "--file", f.name])
+        os.unlink(f.name)
+        self.assertEqual(p.returncode, 2)
+        self.assertRegex(p.stderr, rf"{f.name}:3:\d+: XML error")
+        self.assertEqual(run(["topo"]).returncode, 2)
+
+    def test_predict(self):
+        p = run(["predict", "--topo", os.path.join(SAMPLES, "oci-hpc-H100-topology.xml"), "--profile", "roce-v2",
+                 "--nodes", "1,2,4", "--csv"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rows = [l.split(",") for l in p.stdout.strip().splitlines()[1:]]
+        self.assertEqual([r[0] for r in rows], ["1", "2", "4"])
+        eff = [float(r[-1]) for r in rows]
+        self.assertTrue(all(0 < e <= 1 for e in eff))
+        self.assertGreaterEqual(eff[0], eff[-1])
+
+    def test_hierarchical_training_matches_flat(self):
+        with tempfile.TemporaryDirectory() as d:
+            base = ["--model.type=mlp", "--train.batch_size=64", "--train.max_steps=30", "--run.log_interval=1",
+                    f"--data.path={FASHION}", f"--run.dir={d}", "--dist.bucket_cap_mb=0.2",
+                    "--topo.profile=socket", f"--topo.file={os.path.join(SAMPLES, 'h200-vm-1gpu-dump.xml')}"]
+            a = run(base + ["--run.name=flat"], np=4)
+            b = run(base + ["--run.name=hier", "--topo.hierarchical=true", "--topo.node_ranks=2"], np=4)
+            self.assertEqual(a.returncode, 0, a.stderr[-2000:])
+            self.assertEqual(b.returncode, 0, b.stderr[-2000:])
+            la = [json.loads(l)["loss"] for l in open(os.path.join(d, "flat", "metrics.jsonl")) if '"step"' in l]
+            lb = [json.loads(l)["loss"] for l in open(os.path.join(d, "hier", "metrics.jsonl")) if '"step"' in l]
+            self.assertEqual(len(la), 30)
+            worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
+            print(f"hierarchical vs flat: worst relative loss difference {worst:.2e}")
+            self.assertLess(worst, 1e-5)
+            env = open(os.path.join(d, "hier", "nccl.env")).read()
+            self.assertIn("NCCL_IB_DISABLE=1 (profile socket)", env)
+            self.assertIn("NCCL_TOPO_FILE=", env)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

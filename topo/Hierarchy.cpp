@@ -1,0 +1,64 @@
+#include "topo/Hierarchy.h"
+
+#include "core/Check.h"
+
+namespace mt {
+
+NodeGroups::NodeGroups(Communicator& world, int ranksPerNode) : world_(world), L_(ranksPerNode) {
+  MT_REQUIRE(L_ > 0 && world.size() % L_ == 0, ConfigError, "ranks per node (", L_,
+             ") must divide the world size (", world.size(), ")");
+  const int r = world.rank();
+  intra_ = world.split(r / L_, r, world.name() + ".intra");
+  inter_ = world.split(r % L_, r, world.name() + ".inter");
+}
+
+void NodeGroups::allReduce(Tensor& t, ReduceOp op) {
+  MT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg, "hierarchical all-reduce supports sum and avg only");
+  const int64_t n = t.numel();
+  const int64_t chunk = (n + L_ - 1) / L_;
+  Tensor padded = Tensor::zeros({chunk * L_}, t.dtype(), t.device());
+  padded.flatSlice(0, n).copyFrom(t.flat());
+  Tensor slice = Tensor::empty({chunk}, t.dtype(), t.device());
+  // Averages compose: mean over the node, then mean over nodes = mean over the world.
+  intra_->reduceScatter(padded, slice, op)->wait(intra_->timeout());
+  inter_->allReduce(slice, op)->wait(inter_->timeout());
+  intra_->allGather(slice, padded)->wait(intra_->timeout());
+  t.flat().copyFrom(padded.flatSlice(0, n));
+}
+
+void HierarchicalReducer::launch(const Bucket& bucket, Tensor grads) {
+  if (state_.size() <= static_cast<size_t>(bucket.index)) state_.resize(static_cast<size_t>(bucket.index) + 1);
+  State& s = state_[static_cast<size_t>(bucket.index)];
+  const int L = g_.ranksPerNode();
+  const int64_t n = grads.numel(), chunk = (n + L - 1) / L;
+  if (!s.padded.defined() || s.padded.numel() != chunk * L) {
+    s.padded = Tensor::zeros({chunk * L}, grads.dtype(), grads.device());
+    s.slice = Tensor::empty({chunk}, grads.dtype(), grads.device());
+  }
+  s.padded.flatSlice(0, n).copyFrom(grads);
+  s.rs = g_.intra().reduceScatter(s.padded, s.slice, ReduceOp::kAvg);
+  const int64_t bytes = static_cast<int64_t>(grads.nbytes());
+  stats_.bytesBefore += bytes;
+  stats_.bytesAfter += bytes;
+}
+
+void HierarchicalReducer::wait(const Bucket& bucket, Tensor grads) {
+  State& s = state_.at(static_cast<size_t>(bucket.index));
+  s.rs->wait(g_.intra().timeout());
+  g_.inter().allReduce(s.slice, ReduceOp::kAvg)->wait(g_.inter().timeout());
+  s.last = g_.intra().allGather(s.slice, s.padded);
+  s.last->wait(g_.intra().timeout());
+  grads.copyFrom(s.padded.flatSlice(0, grads.numel()));
+}
+
+std::shared_ptr<Work> HierarchicalReducer::lastWork(int bucket) {
+  return static_cast<size_t>(bucket) < state_.size() ? state_[static_cast<size_t>(bucket)].rs : nullptr;
+}
+
+CompressionStats HierarchicalReducer::takeStats() {
+  CompressionStats s = stats_;
+  stats_ = {};
+  return s;
+}
+
+}  // namespace mt

@@ -1,0 +1,115 @@
+#include "topo/Profile.h"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "topo/Topology.h"
+
+namespace mt {
+
+namespace {
+std::string trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t\r"), b = s.find_last_not_of(" \t\r");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+}  // namespace
+
+Profile Profile::parse(const std::string& text, const std::string& path) {
+  Profile p;
+  p.path = path;
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  auto fail = [&](const std::string& why) -> void {
+    throw ConfigError("profile " + path + ":" + std::to_string(n) + ": " + why);
+  };
+  while (std::getline(in, line)) {
+    ++n;
+    std::string s = trim(line);
+    if (s.empty() || s[0] == '#') continue;
+    if (s.rfind("export ", 0) == 0) s = trim(s.substr(7));
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos) fail("expected KEY=VALUE, got '" + s + "'");
+    std::string key = trim(s.substr(0, eq)), value = trim(s.substr(eq + 1));
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+      value = value.substr(1, value.size() - 2);
+    if (key == "fabric") {
+      Fabric f;
+      if (!parseFabric(value, &f)) fail("fabric='" + value + "': expected ib, roce, efa or socket");
+      p.hints[key] = value;
+    } else if (key == "nic_gbps" || key == "nic_efficiency") {
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || v <= 0 || (key == "nic_efficiency" && v > 1))
+        fail(key + "='" + value + "': expected a positive number" + (key == "nic_efficiency" ? " <= 1" : ""));
+      p.hints[key] = value;
+    } else if (key.rfind("NCCL_", 0) == 0) {
+      NcclParamCheck c = checkNcclParam(key, value);
+      if (!c.known) fail("unknown NCCL variable " + key);
+      if (!c.error.empty()) fail(key + "='" + value + "': " + c.error);
+      if (!c.replacement.empty())
+        p.warnings.push_back("profile " + path + ":" + std::to_string(n) + ": " + key + " is deprecated, use " +
+                             c.replacement);
+      for (const auto& e : p.nccl)
+        if (e.key == key) fail(key + " set twice (first on line " + std::to_string(e.line) + ")");
+      p.nccl.push_back({key, value, n});
+    } else {
+      fail("unknown key " + key + " (NCCL_* variables, or fabric, nic_gbps, nic_efficiency)");
+    }
+  }
+  return p;
+}
+
+Profile Profile::load(const std::string& nameOrPath, const std::string& dir) {
+  std::string path = nameOrPath;
+  const bool isPath = nameOrPath.find('/') != std::string::npos ||
+                      (nameOrPath.size() > 4 && nameOrPath.substr(nameOrPath.size() - 4) == ".env");
+  if (!isPath) path = dir + "/" + nameOrPath + ".env";
+  std::ifstream in(path);
+  if (!in) {
+    std::string known;
+    for (const auto& n : listProfiles(dir)) known += (known.empty() ? "" : ", ") + n;
+    throw ConfigError("profile " + path + ": cannot be read" + (isPath ? "" : " (profiles in " + dir + ": " + known + ")"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Profile p = parse(ss.str(), path);
+  p.name = isPath ? path : nameOrPath;
+  return p;
+}
+
+std::vector<std::string> Profile::apply() const {
+  std::vector<std::string> effective;
+  for (const auto& w : warnings) MT_LOG_WARN << w;
+  for (const auto& e : nccl) {
+    const char* existing = std::getenv(e.key.c_str());
+    if (existing) {
+      effective.push_back(e.key + "=" + existing + " (environment; profile says " + e.value + ")");
+    } else {
+      setenv(e.key.c_str(), e.value.c_str(), 0);
+      effective.push_back(e.key + "=" + e.value + " (profile " + name + ")");
+    }
+  }
+  return effective;
+}
+
+std::vector<std::string> listProfiles(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string f = e->d_name;
+      if (f.size() > 4 && f.substr(f.size() - 4) == ".env") out.push_back(f.substr(0, f.size() - 4));
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace mt

@@ -1,0 +1,46 @@
+#pragma once
+// Environment profiles (topo/profiles/*.env): the NCCL variables (and meshtrain's fabric hints) a
+// fabric wants, one KEY=VALUE per line, '#' comments. Every NCCL variable is checked against one
+// table (NcclParams.cpp): unknown names and bad values are ConfigErrors naming profile:line,
+// deprecated names are warned about with their replacement. apply() exports them before the
+// first NCCL call — a variable the user already set in the environment wins — and the effective
+// set is logged and written to the run directory.
+//
+// meshtrain keys (lower case, not exported): fabric = ib|roce|efa|socket, nic_gbps = N (link speed
+// per NIC port for the cost model when the topology file lacks it), nic_efficiency = 0..1.
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct ProfileEntry {
+  std::string key, value;
+  int line = 0;
+};
+
+struct Profile {
+  std::string name, path;
+  std::vector<ProfileEntry> nccl;           // NCCL_* in file order
+  std::map<std::string, std::string> hints;  // fabric, nic_gbps, nic_efficiency
+  std::vector<std::string> warnings;        // deprecated names, with their replacement
+
+  // A name ("ib-ndr") is looked up in `dir`; anything with a '/' or ending in .env is a path.
+  static Profile load(const std::string& nameOrPath, const std::string& dir);
+  static Profile parse(const std::string& text, const std::string& path);
+  // Exports the NCCL variables (not overriding the user's) and returns "KEY=VALUE (source)" lines.
+  std::vector<std::string> apply() const;
+};
+
+struct NcclParamCheck {
+  bool known = false;
+  std::string error;        // non-empty: the value is invalid
+  std::string replacement;  // non-empty: deprecated in favour of this
+};
+NcclParamCheck checkNcclParam(const std::string& key, const std::string& value);
+std::vector<std::string> knownNcclParams();
+// Profiles shipped in topo/profiles (names without .env).
+std::vector<std::string> listProfiles(const std::string& dir);
+
+}  // namespace mt

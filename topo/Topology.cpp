@@ -1,0 +1,388 @@
+#include "topo/Topology.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/Error.h"
+#include "core/Log.h"
+
+namespace mt {
+
+const char* fabricName(Fabric f) {
+  switch (f) {
+    case Fabric::kInfiniBand: return "ib";
+    case Fabric::kRoCE: return "roce";
+    case Fabric::kEFA: return "efa";
+    case Fabric::kSocket: return "socket";
+    case Fabric::kUnknown: return "unknown";
+  }
+  return "?";
+}
+
+bool parseFabric(const std::string& s, Fabric* out) {
+  for (Fabric f : {Fabric::kInfiniBand, Fabric::kRoCE, Fabric::kEFA, Fabric::kSocket})
+    if (s == fabricName(f)) {
+      *out = f;
+      return true;
+    }
+  return false;
+}
+
+const char* pathTypeName(PathType p) {
+  switch (p) {
+    case PathType::kPIX: return "PIX";
+    case PathType::kPXB: return "PXB";
+    case PathType::kPHB: return "PHB";
+    case PathType::kSYS: return "SYS";
+  }
+  return "?";
+}
+
+double pcieBandwidthGBs(double gts, int width) {
+  // Encoding: 8b/10b up to 5 GT/s, 128b/130b from 8 GT/s; bytes = bits / 8.
+  const double efficiency = gts <= 5.0 ? 0.8 : 128.0 / 130.0;
+  return gts * efficiency / 8.0 * width;
+}
+
+double nvlinkPerLinkGBs(int sm) {
+  // NCCL's per-link figures (src/graph/topo.h): SM60 18, SM70 20, SM80 20, SM90 20.6 GB/s.
+  if (sm >= 100) return 40.1;
+  if (sm >= 90) return 20.6;
+  if (sm >= 70) return 20.0;
+  return 18.0;
+}
+
+std::vector<int> coresOfMask(const std::string& mask) {
+  std::vector<std::string> words;
+  std::stringstream ss(mask);
+  std::string w;
+  while (std::getline(ss, w, ',')) words.push_back(w);
+  std::vector<int> cores;
+  for (size_t i = 0; i < words.size(); ++i) {
+    const uint64_t v = std::strtoull(words[i].c_str(), nullptr, 16);
+    const int base = static_cast<int>((words.size() - 1 - i) * 32);
+    for (int b = 0; b < 32; ++b)
+      if (v & (1ull << b)) cores.push_back(base + b);
+  }
+  std::sort(cores.begin(), cores.end());
+  return cores;
+}
+
+double TopoNic::speedGbps() const {
+  double s = 0;
+  for (const auto& n : nets) s += n.speedGbps;
+  return s;
+}
+
+namespace {
+
+uint32_t parseHex(const std::string& s) { return static_cast<uint32_t>(std::strtoul(s.c_str(), nullptr, 16)); }
+
+double parseGTs(const std::string& s) { return std::atof(s.c_str()); }  // "32.0 GT/s PCIe"
+
+Fabric inferFabric(uint32_t pciClass, const std::string& vendor, bool hasPci) {
+  const uint32_t cls = pciClass >> 8;
+  if (!hasPci) return Fabric::kSocket;
+  if (vendor == "0x1d0f") return Fabric::kEFA;  // AWS Elastic Fabric Adapter
+  if (cls == 0x0207) return Fabric::kInfiniBand;
+  if (cls == 0x0200 && vendor == "0x15b3") return Fabric::kRoCE;  // Mellanox/NVIDIA in Ethernet mode
+  if (cls == 0x0200) return Fabric::kSocket;
+  return Fabric::kUnknown;
+}
+
+}  // namespace
+
+Topology Topology::load(const std::string& path) { return fromDocument(parseTopologyXml(path)); }
+
+Topology Topology::fromDocument(const XmlDocument& doc) {
+  Topology t;
+  t.source_ = doc.path;
+  for (const XmlNode& c : doc.root.children) t.walk(c, doc, -1, -1);
+  // Resolve NVLink targets: to an NVSwitch (class 0x0680) or another GPU.
+  std::map<std::string, int> gpuByBus;
+  for (const auto& g : t.gpus_) gpuByBus[g.busid] = g.index;
+  for (auto& g : t.gpus_) {
+    const double perLink = nvlinkPerLinkGBs(g.sm);
+    for (auto& l : g.nvlinks) {
+      g.nvlinkGBs += perLink * l.count;
+      t.links_.push_back({TopoLink::Kind::kNVLink, g.busid, l.target, perLink * l.count});
+    }
+  }
+  for (const auto& s : t.skipped_) MT_LOG_DEBUG << "topology: skipped unknown element " << s;
+  return t;
+}
+
+void Topology::walk(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci) {
+  if (n.name == "cpu") {
+    TopoCpu c;
+    c.numa = std::atoi(n.attrOr("numaid", "-1").c_str());
+    c.affinityMask = n.attrOr("affinity", "");
+    c.cores = coresOfMask(c.affinityMask);
+    c.arch = n.attrOr("arch", "");
+    c.vendor = n.attrOr("vendor", "");
+    cpus_.push_back(c);
+    const int idx = static_cast<int>(cpus_.size()) - 1;
+    for (const XmlNode& ch : n.children) walk(ch, doc, idx, -1);
+    return;
+  }
+  if (n.name == "pci") {
+    TopoPci p;
+    p.busid = n.attrOr("busid", "");
+    if (p.busid.empty()) throw ConfigError("topology " + doc.where(n) + ": <pci> without busid");
+    p.pciClass = parseHex(n.attrOr("class", "0"));
+    p.vendor = n.attrOr("vendor", "");
+    p.linkGTs = parseGTs(n.attrOr("link_speed", "0"));
+    p.linkWidth = std::atoi(n.attrOr("link_width", "0").c_str());
+    p.bandwidthGBs = pcieBandwidthGBs(p.linkGTs, p.linkWidth);
+    p.parent = parentPci;
+    p.cpu = cpu;
+    pcis_.push_back(p);
+    const int idx = static_cast<int>(pcis_.size()) - 1;
+    links_.push_back({TopoLink::Kind::kPCIe, parentPci >= 0 ? pcis_[static_cast<size_t>(parentPci)].busid
+                                                            : "cpu" + std::to_string(cpu),
+                      p.busid, p.bandwidthGBs});
+    const uint32_t cls = p.pciClass >> 8;
+    bool hasGpuChild = false, hasNicChild = false;
+    for (const XmlNode& ch : n.children) {
+      hasGpuChild = hasGpuChild || ch.name == "gpu";
+      hasNicChild = hasNicChild || ch.name == "nic";
+    }
+    // A GPU-class device (0x0300 VGA, 0x0302 3D) is a GPU even in pci-only files without <gpu>.
+    if ((cls == 0x0300 || cls == 0x0302) && !hasGpuChild) {
+      TopoGpu g;
+      g.index = static_cast<int>(gpus_.size());
+      g.busid = p.busid;
+      g.pci = idx;
+      g.cpu = cpu;
+      gpus_.push_back(g);
+    }
+    // Network controllers (0x02xx) are NICs even without <nic>/<net> children.
+    if ((cls >> 8) == 0x02 && !hasNicChild) {
+      TopoNic nic;
+      nic.index = static_cast<int>(nics_.size());
+      nic.busid = p.busid;
+      nic.vendor = p.vendor;
+      nic.pciClass = p.pciClass;
+      nic.pci = idx;
+      nic.cpu = cpu;
+      nic.fabric = inferFabric(p.pciClass, p.vendor, true);
+      nics_.push_back(nic);
+    }
+    for (const XmlNode& ch : n.children) walk(ch, doc, cpu, idx);
+    return;
+  }
+  if (n.name == "gpu") {
+    TopoGpu g;
+    g.index = static_cast<int>(gpus_.size());
+    g.busid = parentPci >= 0 ? pcis_[static_cast<size_t>(parentPci)].busid : "";
+    g.dev = std::atoi(n.attrOr("dev", "-1").c_str());
+    g.sm = std::atoi(n.attrOr("sm", "0").c_str());
+    g.rank = std::atoi(n.attrOr("rank", "-1").c_str());
+    g.gdr = n.attrOr("gdr", "0") == "1";
+    g.pci = parentPci;
+    g.cpu = cpu;
+    for (const XmlNode& ch : n.children) {
+      if (ch.name == "nvlink") {
+        TopoNvLink l;
+        l.target = ch.attrOr("target", "");
+        l.count = std::atoi(ch.attrOr("count", "0").c_str());
+        l.toSwitch = (parseHex(ch.attrOr("tclass", "0")) >> 8) == 0x0680;
+        g.nvlinks.push_back(l);
+      } else if (ch.name == "c2c") {
+        const double bw = std::atof(ch.attrOr("bw", "0").c_str());
+        const int count = std::atoi(ch.attrOr("count", "1").c_str());
+        g.c2cGBs += bw * count;
+        links_.push_back({TopoLink::Kind::kC2C, g.busid, "cpu" + std::to_string(cpu), bw * count});
+      } else {
+        skipped_.push_back("<" + ch.name + "> at " + doc.where(ch));
+      }
+    }
+    gpus_.push_back(g);
+    return;
+  }
+  if (n.name == "nic") {
+    TopoNic nic;
+    nic.index = static_cast<int>(nics_.size());
+    if (parentPci >= 0) {
+      const TopoPci& p = pcis_[static_cast<size_t>(parentPci)];
+      nic.busid = p.busid;
+      nic.vendor = p.vendor;
+      nic.pciClass = p.pciClass;
+    }
+    nic.pci = parentPci;
+    nic.cpu = cpu;
+    nic.fabric = inferFabric(nic.pciClass, nic.vendor, parentPci >= 0);
+    for (const XmlNode& ch : n.children) {
+      if (ch.name != "net") {
+        skipped_.push_back("<" + ch.name + "> at " + doc.where(ch));
+        continue;
+      }
+      TopoNet net;
+      net.name = ch.attrOr("name", "");
+      net.dev = std::atoi(ch.attrOr("dev", "-1").c_str());
+      net.port = std::atoi(ch.attrOr("port", "0").c_str());
+      net.speedGbps = std::atof(ch.attrOr("speed", "0").c_str()) / 1000.0;  // the file gives Mb/s
+      net.guid = ch.attrOr("guid", "");
+      net.gdr = ch.attrOr("gdr", "0") == "1";
+      nic.nets.push_back(net);
+    }
+    // An IB NIC presented with class 0x0200 but "mlx5" ports and no Ethernet vendor info stays RoCE;
+    // the profile can say otherwise.
+    nics_.push_back(nic);
+    return;
+  }
+  skipped_.push_back("<" + n.name + "> at " + doc.where(n));
+}
+
+std::vector<int> Topology::ancestors(int pci) const {
+  std::vector<int> out;
+  for (int p = pci; p >= 0; p = pcis_[static_cast<size_t>(p)].parent) out.push_back(p);
+  return out;
+}
+
+PathType Topology::path(const TopoGpu& g, const TopoNic& n) const {
+  if (g.cpu != n.cpu) return PathType::kSYS;
+  if (g.pci < 0 || n.pci < 0) return PathType::kPHB;
+  std::vector<int> a = ancestors(g.pci), b = ancestors(n.pci);
+  // Switches strictly above each device; the device's own PCI node is not a switch hop.
+  a.erase(a.begin());
+  b.erase(b.begin());
+  int common = -1;
+  size_t hopsA = 0;
+  for (size_t i = 0; i < a.size() && common < 0; ++i)
+    for (size_t j = 0; j < b.size(); ++j)
+      if (a[i] == b[j]) {
+        common = a[i];
+        hopsA = i + j;
+        break;
+      }
+  if (common < 0) return PathType::kPHB;
+  return hopsA == 0 ? PathType::kPIX : PathType::kPXB;
+}
+
+std::vector<int> Topology::rail(int gpu) const {
+  std::vector<int> best;
+  PathType bestType = PathType::kSYS;
+  const TopoGpu& g = gpus_.at(static_cast<size_t>(gpu));
+  for (const auto& n : nics_) {
+    PathType p = path(g, n);
+    if (best.empty() || p < bestType) {
+      best = {n.index};
+      bestType = p;
+    } else if (p == bestType) {
+      best.push_back(n.index);
+    }
+  }
+  return best;
+}
+
+PathType Topology::railPath(int gpu) const {
+  std::vector<int> r = rail(gpu);
+  if (r.empty()) return PathType::kSYS;
+  return path(gpus_.at(static_cast<size_t>(gpu)), nics_.at(static_cast<size_t>(r[0])));
+}
+
+void Topology::setFabric(Fabric f) {
+  for (auto& n : nics_) n.fabric = f;
+}
+
+Fabric Topology::primaryFabric() const {
+  std::map<Fabric, int> count;
+  for (const auto& n : nics_) ++count[n.fabric];
+  Fabric best = Fabric::kSocket;
+  int most = 0;
+  for (const auto& kv : count)
+    if (kv.second > most) best = kv.first, most = kv.second;
+  return best;
+}
+
+double Topology::nvlinkGBsPerGpu() const {
+  double bw = 0;
+  for (const auto& g : gpus_) bw = std::max(bw, g.nvlinkGBs);
+  return bw;
+}
+
+namespace {
+std::string cpuRange(const std::vector<int>& cores) {
+  if (cores.empty()) return "-";
+  std::ostringstream os;
+  size_t i = 0;
+  while (i < cores.size()) {
+    size_t j = i;
+    while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
+    if (i) os << ",";
+    os << cores[i];
+    if (j > i) os << "-" << cores[j];
+    i = j + 1;
+  }
+  return os.str();
+}
+}  // namespace
+
+std::string Topology::summary() const {
+  std::ostringstream os;
+  os << "topology " << source_ << ": " << cpus_.size() << " CPU(s), " << gpus_.size() << " GPU(s), " << nics_.size()
+     << " NIC(s), primary fabric " << fabricName(primaryFabric()) << "\n";
+  for (const auto& g : gpus_) {
+    const int numa = g.cpu >= 0 ? cpus_[static_cast<size_t>(g.cpu)].numa : -1;
+    os << "  gpu" << g.index << " " << g.busid << " sm" << g.sm << " numa " << numa;
+    if (g.nvlinkGBs > 0) os << " nvlink " << g.nvlinkGBs << " GB/s";
+    if (g.pci >= 0) os << " pcie " << pcis_[static_cast<size_t>(g.pci)].bandwidthGBs << " GB/s";
+    os << " cpus " << (g.cpu >= 0 ? cpuRange(cpus_[static_cast<size_t>(g.cpu)].cores) : "-") << "\n";
+  }
+  for (const auto& n : nics_) {
+    os << "  nic" << n.index << " " << (n.busid.empty() ? "(no pci)" : n.busid) << " " << fabricName(n.fabric) << " "
+       << n.speedGbps() << " Gb/s";
+    for (const auto& p : n.nets) os << " " << p.name << ":" << p.port;
+    os << "\n";
+  }
+  os << "  rails:";
+  for (const auto& g : gpus_) {
+    os << " gpu" << g.index << "->";
+    std::vector<int> r = rail(g.index);
+    if (r.empty()) os << "none";
+    for (size_t i = 0; i < r.size(); ++i) os << (i ? "," : "") << "nic" << r[i];
+    if (!r.empty()) os << "(" << pathTypeName(railPath(g.index)) << ")";
+  }
+  os << "\n";
+  return os.str();
+}
+
+std::string Topology::json() const {
+  nlohmann::json j;
+  j["source"] = source_;
+  j["primary_fabric"] = fabricName(primaryFabric());
+  j["cpus"] = nlohmann::json::array();
+  for (const auto& c : cpus_)
+    j["cpus"].push_back({{"numa", c.numa}, {"affinity", c.affinityMask}, {"cores", c.cores.size()}});
+  j["gpus"] = nlohmann::json::array();
+  for (const auto& g : gpus_) {
+    std::vector<int> r = rail(g.index);
+    j["gpus"].push_back({{"index", g.index},
+                         {"busid", g.busid},
+                         {"sm", g.sm},
+                         {"numa", g.cpu >= 0 ? cpus_[static_cast<size_t>(g.cpu)].numa : -1},
+                         {"cpus", g.cpu >= 0 ? cpuRange(cpus_[static_cast<size_t>(g.cpu)].cores) : "-"},
+                         {"nvlink_gbs", g.nvlinkGBs},
+                         {"rail", r},
+                         {"rail_path", r.empty() ? "none" : pathTypeName(railPath(g.index))}});
+  }
+  j["nics"] = nlohmann::json::array();
+  for (const auto& n : nics_) {
+    nlohmann::json ports = nlohmann::json::array();
+    for (const auto& p : n.nets) ports.push_back({{"name", p.name}, {"port", p.port}, {"gbps", p.speedGbps}});
+    j["nics"].push_back({{"index", n.index},
+                         {"busid", n.busid},
+                         {"fabric", fabricName(n.fabric)},
+                         {"gbps", n.speedGbps()},
+                         {"ports", ports}});
+  }
+  j["skipped"] = skipped_;
+  return j.dump(2);
+}
+
+}  // namespace mt
