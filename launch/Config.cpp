@@ -74,6 +74,12 @@ const std::vector<ConfigKey>& configSchema() {
       {"dist.timeout_s", "300", "collective timeout in seconds (MT_COMM_TIMEOUT_S overrides)"},
       {"dist.fingerprint", "false", "check that all ranks issue the same collective (debug; slow)"},
       {"dist.health_monitor", "true", "detect killed ranks at once through a TCP connection to rank 0"},
+      // checkpoint
+      {"checkpoint.dir", "", "where checkpoints go (default <run_dir>/checkpoints; shared by all nodes)"},
+      {"checkpoint.interval", "0", "save every this many steps (0: only at exit)"},
+      {"checkpoint.keep", "3", "keep the newest this many checkpoints"},
+      {"checkpoint.resume", "auto", "auto (the newest valid checkpoint, if any), never, or a checkpoint directory"},
+      {"checkpoint.at_exit", "true", "save when training ends and when SIGTERM/SIGUSR1 stops it"},
       // topo
       {"topo.file", "", "NCCL topology XML of a node (NCCL_TOPO_FILE); rails and CPU affinity come from it"},
       {"topo.profile", "", "environment profile: a name in topo/profiles (ib-ndr, ib-hdr, roce-v2, socket, ...) or a path"},

@@ -116,6 +116,15 @@ Settings Settings::fromConfig(const Config& c) {
   s.timeout = std::chrono::seconds(timeout);
   s.fingerprint = c.flag("dist.fingerprint") || envInt(EnvParam::kFingerprint) != 0;
   s.healthMonitor = c.flag("dist.health_monitor");
+  s.checkpointDir = c.str("checkpoint.dir");
+  if (s.checkpointDir.empty()) s.checkpointDir = s.runDir + "/checkpoints";
+  s.checkpointInterval = c.i64("checkpoint.interval");
+  if (s.checkpointInterval < 0) c.fail("checkpoint.interval", "must be >= 0");
+  s.checkpointKeep = c.i64("checkpoint.keep");
+  if (s.checkpointKeep < 1) c.fail("checkpoint.keep", "must be >= 1");
+  s.resume = c.str("checkpoint.resume");
+  if (s.resume.empty()) c.fail("checkpoint.resume", "expected auto, never or a checkpoint directory");
+  s.checkpointAtExit = c.flag("checkpoint.at_exit");
   s.topoFile = c.str("topo.file");
   s.profile = c.str("topo.profile");
   s.hierarchical = c.flag("topo.hierarchical");

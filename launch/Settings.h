@@ -42,6 +42,10 @@ struct Settings {
   DataParallelOptions dp;
   std::chrono::seconds timeout{300};
   bool fingerprint = false, healthMonitor = true;
+  // checkpoint
+  std::string checkpointDir, resume = "auto";
+  int64_t checkpointInterval = 0, checkpointKeep = 3;
+  bool checkpointAtExit = true;
   // topo
   std::string topoFile, profile;
   bool hierarchical = false, bindCpus = true;

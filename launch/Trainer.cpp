@@ -42,6 +42,7 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), s_(Setting
   setupData();
   setupModel();
   setupOptimizer();
+  resumeIfAny();
 
   std::error_code ec;
   fs::create_directories(runDir_, ec);
@@ -60,11 +61,14 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), s_(Setting
     std::ofstream ini(runDir_ + "/config.ini");
     ini << cfg_.toIni();
     if (!ini) throw IoError("cannot write " + runDir_ + "/config.ini");
-    metrics_.open(runDir_ + "/metrics.jsonl", /*append=*/false);
+    metrics_.open(runDir_ + "/metrics.jsonl", /*append=*/resumed_);
   }
   if (s_.trace) {
-    trace_ = std::make_unique<std::ofstream>(runDir_ + "/trace.rank" + std::to_string(world_->rank()) + ".jsonl");
+    trace_ = std::make_unique<std::ofstream>(runDir_ + "/trace.rank" + std::to_string(world_->rank()) + ".jsonl",
+                                             resumed_ ? std::ios::app : std::ios::trunc);
   }
+  installStopSignals();
+  if (mpi_.size() > 1) stop_ = std::make_unique<StopAgreement>(MPI_COMM_WORLD);
 }
 
 Trainer::~Trainer() {
@@ -246,6 +250,36 @@ void Trainer::setupOptimizer() {
   schedule_.totalSteps = totalSteps_;
 }
 
+void Trainer::resumeIfAny() {
+  ckpt_ = std::make_unique<CheckpointManager>(s_.checkpointDir, static_cast<int>(s_.checkpointKeep), *world_);
+  if (s_.resume == "never") return;
+  const std::string path = s_.resume == "auto" ? ckpt_->findLatestValid() : s_.resume;
+  if (path.empty()) return;
+  TrainState st = ckpt_->load(path, *optimizer_, model_->params().numel());
+  if (st.seed != s_.seed && world_->rank() == 0)
+    MT_LOG_WARN << "checkpoint " << path << " was written with run.seed " << st.seed << ", this run uses " << s_.seed
+                << ": the data order will differ from the original run";
+  startStep_ = st.step;
+  loader_->seek(st.loaderSeq);
+  if (scaler_ && st.lossScale > 0) scaler_->setState(st.lossScale, st.scalerClean);
+  resumed_ = true;
+  if (world_->rank() == 0)
+    MT_LOG_INFO << "resumed from " << path << " at step " << startStep_ << " (written by " << st.strategy << " training)";
+}
+
+void Trainer::saveCheckpoint(int64_t stepsDone) {
+  TrainState st;
+  st.step = stepsDone;
+  st.loaderSeq = loader_->position();
+  st.seed = s_.seed;
+  if (scaler_) {
+    st.lossScale = scaler_->scale();
+    st.scalerClean = scaler_->cleanSteps();
+  }
+  st.strategy = "no_shard";
+  ckpt_->save(st, *optimizer_, model_->params().numel(), /*replicated=*/true);
+}
+
 LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
   Context ctx;
   ctx.training = true;
@@ -284,6 +318,10 @@ void Trainer::writeTrace(int64_t step, int64_t backwardStartUs) {
   j["rank"] = world_->rank();
   j["backward_start_us"] = backwardStartUs;
   j["backward_end_us"] = dp_ ? dp_->backwardEndUs() : wallMicros();
+  // Which samples this step trained on (resume tests compare it with an uninterrupted run).
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i : loader_->batchIndices(step)) h = (h ^ static_cast<uint64_t>(i)) * 1099511628211ull;
+  j["batch_hash"] = std::to_string(h);
   nlohmann::json buckets = nlohmann::json::array();
   if (dp_) {
     for (const auto& b : dp_->lastTrace())
@@ -367,7 +405,9 @@ int Trainer::run() {
   double intervalWait = 0.0;
   EvalResult last;
   bool evaluatedAtEnd = false;
-  for (int64_t step = 0; step < totalSteps_; ++step) {
+  int64_t step = startStep_;
+  bool preempted = false;
+  for (; step < totalSteps_; ++step) {
     Batch batch = loader_->next();
     intervalWait += loader_->lastWaitSeconds();
     LossStats stats = trainStep(batch, step);
@@ -381,6 +421,18 @@ int Trainer::run() {
     }
     const bool epochEnd = (step + 1) % loader_->batchesPerEpoch() == 0;
     const bool evalNow = s_.evalInterval > 0 ? (step + 1) % s_.evalInterval == 0 : epochEnd;
+    if (s_.checkpointInterval > 0 && (step + 1) % s_.checkpointInterval == 0 && step + 1 < totalSteps_)
+      saveCheckpoint(step + 1);
+    const bool stopNow = stop_ ? stop_->poll() : stopSignalled();
+    if (stopNow) {
+      if (world_->rank() == 0)
+        MT_LOG_WARN << "stop signal received: " << (s_.checkpointAtExit ? "saving a checkpoint and " : "")
+                    << "leaving after step " << step + 1;
+      if (s_.checkpointAtExit) saveCheckpoint(step + 1);
+      preempted = true;
+      ++step;
+      break;
+    }
     if (evalNow) {
       last = evaluate();
       evaluatedAtEnd = step + 1 == totalSteps_;
@@ -392,9 +444,20 @@ int Trainer::run() {
       }
     }
   }
+  if (preempted) {
+    if (world_->rank() == 0) {
+      std::printf("preempted at step %lld of %lld; resume with the same command\n", static_cast<long long>(step),
+                  static_cast<long long>(totalSteps_));
+      std::fflush(stdout);
+      metrics_.write({{"type", "preempted"}, {"step", step}});
+    }
+    world_->barrierSync();
+    return 0;
+  }
+  if (s_.checkpointAtExit && startStep_ < totalSteps_) saveCheckpoint(totalSteps_);
   if (!evaluatedAtEnd) last = evaluate();
   if (world_->rank() == 0) {
-    MT_LOG_INFO << "trained " << totalSteps_ << " steps in " << formatDuration(total.elapsed());
+    MT_LOG_INFO << "trained " << totalSteps_ - startStep_ << " steps in " << formatDuration(total.elapsed());
     // Unprefixed, for scripts: the one line a run ends with.
     std::printf("final test_accuracy=%.4f test_loss=%.4f\n", last.accuracy, last.loss);
     std::fflush(stdout);

@@ -16,7 +16,9 @@
 #include "data/ImageDataset.h"
 #include "data/ImageSource.h"
 #include "data/Loader.h"
+#include "launch/Checkpoint.h"
 #include "launch/Config.h"
+#include "launch/Signals.h"
 #include "launch/Settings.h"
 #include "topo/Hierarchy.h"
 #include "topo/Profile.h"
@@ -53,6 +55,8 @@ class Trainer {
   void setupData();
   void setupModel();
   void setupOptimizer();
+  void resumeIfAny();
+  void saveCheckpoint(int64_t stepsDone);
   // One optimizer step on one global batch; returns this rank's loss statistics.
   LossStats trainStep(const Batch& batch, int64_t step);
   EvalResult evaluate();
@@ -88,6 +92,10 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   LrSchedule schedule_;
   MetricsWriter metrics_;
+  std::unique_ptr<CheckpointManager> ckpt_;
+  std::unique_ptr<StopAgreement> stop_;
+  int64_t startStep_ = 0;
+  bool resumed_ = false;
   std::unique_ptr<std::ofstream> trace_;
 };
 

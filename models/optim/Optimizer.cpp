@@ -126,7 +126,10 @@ class Sgd final : public Optimizer {
                    s.decay ? cfg_.weightDecay : 0.f, cfg_.momentum, cfg_.nesterov, first);
     }
   }
-  std::vector<std::pair<std::string, Tensor>> state() override { return {{"momentum_buffer", buf_}}; }
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    if (buf_.numel() == 0) return {};  // plain SGD keeps no state
+    return {{"momentum_buffer", buf_}};
+  }
 
  private:
   OptimConfig cfg_;
@@ -145,7 +148,7 @@ std::vector<OptimSegment> segmentsOf(ParamTable& table) {
   std::vector<OptimSegment> out;
   for (size_t i = 0; i < table.size(); ++i) {
     Param& p = table[i];
-    out.push_back({p.value.view({p.numel()}), p.grad.view({p.numel()}), p.decay});
+    out.push_back({p.value.view({p.numel()}), p.grad.view({p.numel()}), p.decay, p.offset});
   }
   return out;
 }

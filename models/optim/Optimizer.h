@@ -23,6 +23,7 @@ struct OptimSegment {
   Tensor value;  // flat f32
   Tensor grad;   // flat f32, same size and device
   bool decay = true;
+  int64_t globalOffset = -1;  // where value starts in the model's flat parameter vector (checkpoints)
 };
 
 struct OptimConfig {
@@ -45,6 +46,8 @@ class Optimizer {
   // New views for the same segments (sizes unchanged; state kept), after a gradient re-layout.
   void rebind(std::vector<OptimSegment> segs);
   const std::vector<OptimSegment>& segments() const { return segments_; }
+  // Offset of segment i in each flat state buffer.
+  int64_t stateOffset(size_t i) const { return stateOffsets_.at(i); }
 
  protected:
   explicit Optimizer(std::vector<OptimSegment> segs);
