@@ -39,13 +39,14 @@ void DataParallel::assign(const std::vector<int>& order) {
     current.params.push_back(pi);
     offsets[static_cast<size_t>(pi)] = cursor;
     bucketOf_[static_cast<size_t>(pi)] = static_cast<int>(buckets_.size());
-    cursor += p.numel();
-    current.numel += p.numel();
-    currentBytes += p.numel() * static_cast<int64_t>(es);
+    const int64_t span = alignParam(p.numel());  // keeps every gradient 256-byte aligned
+    cursor += span;
+    current.numel += span;
+    currentBytes += span * static_cast<int64_t>(es);
     if (static_cast<double>(currentBytes) >= cap) close();
   }
   close();
-  table_.setGradLayout(offsets, Tensor::zeros({table_.numel()}, table_.dtype(), table_.device()));
+  table_.setGradLayout(offsets, Tensor::zeros({cursor}, table_.dtype(), table_.device()));
   pending_.assign(buckets_.size(), 0);
   ready_.assign(buckets_.size(), false);
   seen_.assign(table_.size(), false);

@@ -15,6 +15,8 @@ Param& ParamTable::add(const std::string& name, const Shape& shape, bool decay) 
   p->index = static_cast<int>(params_.size());
   p->offset = numel_;
   numel_ += p->numel();
+  p->storageOffset = storageNumel_;
+  storageNumel_ = alignParam(storageNumel_ + p->numel());
   params_.push_back(std::move(p));
   return *params_.back();
 }
@@ -23,13 +25,13 @@ void ParamTable::materialize(Device device, DType dtype) {
   MT_CHECK(!materialized(), "materialize() called twice");
   device_ = device;
   dtype_ = dtype;
-  values_ = Tensor::zeros({numel_}, dtype, device);
+  values_ = Tensor::zeros({storageNumel_}, dtype, device);
   std::vector<int64_t> offsets;
   for (auto& p : params_) {
-    p->value = values_.flatSlice(p->offset, p->numel()).view(p->shape);
-    offsets.push_back(p->offset);
+    p->value = values_.flatSlice(p->storageOffset, p->numel()).view(p->shape);
+    offsets.push_back(p->storageOffset);
   }
-  setGradLayout(offsets, Tensor::zeros({numel_}, dtype, device));
+  setGradLayout(offsets, Tensor::zeros({storageNumel_}, dtype, device));
 }
 
 Param* ParamTable::find(const std::string& name) {
@@ -58,7 +60,9 @@ void ParamTable::zeroGrads() {
 void ParamTable::setGradLayout(const std::vector<int64_t>& offsets, Tensor buffer) {
   MT_CHECK(offsets.size() == params_.size(), "grad layout has ", offsets.size(), " offsets for ", params_.size(),
            " parameters");
-  MT_CHECK(buffer.numel() >= numel_, "grad buffer of ", buffer.numel(), " elements for ", numel_, " parameters");
+  for (size_t i = 0; i < params_.size(); ++i)
+    MT_CHECK(offsets[i] + params_[i]->numel() <= buffer.numel(), "grad buffer of ", buffer.numel(),
+             " elements too small for ", params_[i]->name, " at ", offsets[i]);
   grads_ = buffer;
   gradOffsets_ = offsets;
   for (size_t i = 0; i < params_.size(); ++i)

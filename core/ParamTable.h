@@ -19,11 +19,18 @@ struct Param {
   bool decay = true;    // weight decay applies (matrices, embeddings) or not (biases, norm gains)
   int unit = 0;         // sharding unit (a layer group gathered and freed together)
   int index = 0;        // registration order
-  int64_t offset = 0;   // element offset in the flat value buffer
+  int64_t offset = 0;   // position in the model's packed flat parameter vector (checkpoints)
+  int64_t storageOffset = 0;  // element offset in the flat value buffer (aligned, see kParamAlign)
   Tensor value;         // view; sharding rebinds it to a gathered unit buffer
   Tensor grad;          // view into the gradient buffer under the current layout
   int64_t numel() const { return shapeNumel(shape); }
 };
+
+// Every parameter (value and gradient) starts at a multiple of this many elements in its flat
+// buffer: 256 bytes for f32, what cuDNN/cuBLASLt's vectorised kernels want and what CUDA
+// allocations give. The gaps are zero and reduce to zero.
+constexpr int64_t kParamAlign = 64;
+inline int64_t alignParam(int64_t n) { return (n + kParamAlign - 1) / kParamAlign * kParamAlign; }
 
 class ParamTable {
  public:
@@ -44,13 +51,14 @@ class ParamTable {
   Param& operator[](size_t i) { return *params_[i]; }
   const Param& operator[](size_t i) const { return *params_[i]; }
   Param* find(const std::string& name);
-  int64_t numel() const { return numel_; }
+  int64_t numel() const { return numel_; }                   // parameters (packed)
+  int64_t storageNumel() const { return storageNumel_; }     // elements of the flat buffers
   int numUnits() const;
   std::vector<Param*> unitParams(int unit);
   Device device() const { return device_; }
   DType dtype() const { return dtype_; }
 
-  Tensor flatValues() const { return values_; }
+  Tensor flatValues() const { return values_; }  // storage layout (aligned, with zero gaps)
   // The gradient buffer of the current layout (all gradients, contiguous).
   Tensor flatGrads() const { return grads_; }
   void zeroGrads();
@@ -64,6 +72,7 @@ class ParamTable {
   std::vector<std::unique_ptr<Param>> params_;
   int currentUnit_ = 0;
   int64_t numel_ = 0;
+  int64_t storageNumel_ = 0;
   Device device_;
   DType dtype_ = DType::kF32;
   Tensor values_;

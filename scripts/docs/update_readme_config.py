@@ -9,9 +9,10 @@ trainer = sys.argv[1] if len(sys.argv) > 1 else "build/bin/trainer"
 out = subprocess.run([trainer, "--help"], capture_output=True, text=True, check=True).stdout.splitlines()
 rows = []
 for i, line in enumerate(out):
-    if line.startswith("  ") and not line.startswith("      ") and " = " in line:
-        key, default = line.strip().split(" = ", 1)
-        rows.append(f"| `{key}` | `{default}` | {out[i + 1].strip()} |")
+    m = re.match(r"^  (\S+) = ?(.*)$", line)
+    if m and not line.startswith("      "):
+        key, default = m.group(1), m.group(2).strip()
+        rows.append(f"| `{key}` | {'`' + default + '`' if default else '(empty)'} | {out[i + 1].strip()} |")
 table = "| key | default | meaning |\n| --- | --- | --- |\n" + "\n".join(rows) + "\n"
 readme = open("README.md").read()
 new, n = re.subn(r"\| key \| default \| meaning \|\n\| --- \| --- \| --- \|\n(?:\|.*\|\n)+", table, readme)

@@ -19,7 +19,9 @@ TEST(ParamTable, FlatLayoutInRegistrationOrder) {
   EXPECT_EQ(t.numUnits(), 2);
   EXPECT_EQ(t.unitParams(0).size(), 2u);
   EXPECT_EQ(b.offset, 12);
-  EXPECT_EQ(w2.value.rawData(), static_cast<char*>(t.flatValues().rawData()) + 16 * sizeof(float));
+  // Storage is aligned: each parameter starts at a multiple of kParamAlign elements.
+  EXPECT_EQ(w2.value.rawData(), static_cast<char*>(t.flatValues().rawData()) + 2 * kParamAlign * sizeof(float));
+  EXPECT_EQ(t.storageNumel(), 3 * kParamAlign);
   EXPECT_TRUE(w.grad.sharesStorageWith(t.flatGrads()));
   EXPECT_FALSE(b.decay);
 }

@@ -40,23 +40,35 @@ def losses(d, name):
 
 
 class GpuTraining(unittest.TestCase):
-    def test_gpu_matches_cpu_on_every_backend(self):
-        with tempfile.TemporaryDirectory() as d:
-            base = ["--model.type=cnn", "--model.conv_channels=16,32", "--model.fc=64", "--train.batch_size=64",
-                    "--train.max_steps=50", "--run.log_interval=1", "--model.dropout=0", f"--run.dir={d}",
-                    "--optim.lr=0.001"]
-            run(1, base + ["--run.name=cpu"])
-            run(1, base + ["--run.name=gpu", "--train.device=cuda"])
-            run(1, base + ["--run.name=nccl1", "--train.device=cuda", "--dist.backend=nccl"])
-            run(2, base + ["--run.name=mpi2", "--train.device=cuda", "--dist.backend=mpi"])
-            ref = losses(d, "cpu")
-            self.assertEqual(len(ref), 50)
-            for name in ("gpu", "nccl1", "mpi2"):
-                got = losses(d, name)
-                worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
-                print(f"{name}: worst relative loss difference to the CPU over 50 steps {worst:.2e}")
-                self.assertEqual(len(got), 50)
-                self.assertLess(worst, 1e-4, name)
+    BASE = ["--model.type=cnn", "--model.conv_channels=16,32", "--model.fc=64", "--train.batch_size=64",
+            "--train.max_steps=50", "--run.log_interval=1", "--model.dropout=0", "--optim.lr=0.001"]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        run(1, cls.BASE + [f"--run.dir={cls.tmp.name}", "--run.name=cpu"])
+        cls.ref = losses(cls.tmp.name, "cpu")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def matches_cpu(self, name, np, extra):
+        run(np, self.BASE + [f"--run.dir={self.tmp.name}", f"--run.name={name}", "--train.device=cuda"] + extra)
+        got = losses(self.tmp.name, name)
+        self.assertEqual(len(got), 50)
+        worst = max(abs(a - b) / abs(a) for a, b in zip(self.ref, got))
+        print(f"{name}: worst relative loss difference to the CPU over 50 steps {worst:.2e}")
+        self.assertLess(worst, 1e-4, name)
+
+    def test_gpu_local_matches_cpu(self):
+        self.matches_cpu("gpu", 1, [])
+
+    def test_one_rank_nccl_matches_cpu(self):
+        self.matches_cpu("nccl1", 1, ["--dist.backend=nccl"])
+
+    def test_two_rank_mpi_backend_on_one_gpu_matches_cpu(self):
+        self.matches_cpu("mpi2", 2, ["--dist.backend=mpi"])
 
     def test_f16_loss_scaling_trains(self):
         with tempfile.TemporaryDirectory() as d:
