@@ -288,8 +288,8 @@ void trainCase(const std::string& type, Layout layout, MatmulPrecision p, double
     const double lg = gpuModel->forward(g, ctx).meanLoss();
     cpuModel->backward(ctx);
     gpuModel->backward(ctx);
-    o1->step(1e-3f);
-    o2->step(1e-3f);
+    o1->step(5e-4f);
+    o2->step(5e-4f);
     worst = std::max(worst, std::fabs(lg - lc) / std::fabs(lc));
     if (s % 5 == 4) std::printf("  step %d: cpu loss %.5f gpu loss %.5f\n", s + 1, lc, lg);
   }
