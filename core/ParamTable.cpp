@@ -57,6 +57,16 @@ void ParamTable::zeroGrads() {
   if (grads_.defined()) grads_.zero_();
 }
 
+void ParamTable::releaseStorage() {
+  values_ = Tensor();
+  grads_ = Tensor();
+  for (auto& p : params_) {
+    p->value = Tensor();
+    p->grad = Tensor();
+  }
+  released_ = true;
+}
+
 void ParamTable::setGradLayout(const std::vector<int64_t>& offsets, Tensor buffer) {
   MT_CHECK(offsets.size() == params_.size(), "grad layout has ", offsets.size(), " offsets for ", params_.size(),
            " parameters");

@@ -45,7 +45,7 @@ class ParamTable {
 
   // Allocates the flat value and gradient buffers and binds every Param's views.
   void materialize(Device device, DType dtype = DType::kF32);
-  bool materialized() const { return values_.defined(); }
+  bool materialized() const { return values_.defined() || released_; }
 
   size_t size() const { return params_.size(); }
   Param& operator[](size_t i) { return *params_[i]; }
@@ -63,6 +63,11 @@ class ParamTable {
   Tensor flatGrads() const { return grads_; }
   void zeroGrads();
 
+  // Sharding keeps parameters in per-unit buffers instead: drops the flat buffers (Param::value
+  // and ::grad become whatever the sharding engine binds, undefined between uses).
+  void releaseStorage();
+  bool storageReleased() const { return released_; }
+
   // Re-lays the gradients out: param i's gradient starts at offsets[i] in `buffer`. Used by the
   // bucket builder; the old gradient values are not carried over (call between steps).
   void setGradLayout(const std::vector<int64_t>& offsets, Tensor buffer);
@@ -78,6 +83,7 @@ class ParamTable {
   Tensor values_;
   Tensor grads_;
   std::vector<int64_t> gradOffsets_;
+  bool released_ = false;
 };
 
 }  // namespace mt

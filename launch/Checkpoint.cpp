@@ -97,7 +97,9 @@ void agree(Communicator& world, const std::string& localError, const std::string
 CheckpointManager::CheckpointManager(std::string dir, int keep, Communicator& world)
     : dir_(std::move(dir)), keep_(std::max(1, keep)), world_(world) {}
 
-std::string CheckpointManager::save(const TrainState& st, Optimizer& opt, int64_t modelNumel, bool replicated) {
+std::string CheckpointManager::save(const TrainState& st, Optimizer& opt, const ParamTable& table, bool replicated,
+                                    bool writes) {
+  const int64_t modelNumel = table.numel();
   Stopwatch sw;
   const int r = world_.rank(), W = world_.size();
   const std::string finalDir = dir_ + "/" + stepName(st.step);
@@ -121,7 +123,7 @@ std::string CheckpointManager::save(const TrainState& st, Optimizer& opt, int64_
     const int64_t lo = replicated ? modelNumel * r / W : 0, hi = replicated ? modelNumel * (r + 1) / W : modelNumel;
     std::vector<Piece> pieces;
     const auto& segs = opt.segments();
-    for (size_t i = 0; i < segs.size(); ++i) {
+    for (size_t i = 0; i < segs.size() && writes; ++i) {
       MT_CHECK(segs[i].globalOffset >= 0, "optimizer segment without a global offset");
       const int64_t a = std::max(lo, segs[i].globalOffset), b = std::min(hi, segs[i].globalOffset + segs[i].value.numel());
       if (a < b) pieces.push_back({a, b - a, i, a - segs[i].globalOffset});
@@ -193,6 +195,10 @@ std::string CheckpointManager::save(const TrainState& st, Optimizer& opt, int64_
       nlohmann::json names = nlohmann::json::array();
       for (auto& kv : opt.state()) names.push_back(kv.first);
       j["state_names"] = names;
+      nlohmann::json params = nlohmann::json::array();
+      for (size_t i = 0; i < table.size(); ++i)
+        params.push_back({{"name", table[i].name}, {"shape", table[i].shape}, {"offset", table[i].offset}});
+      j["params"] = params;
       j["files"] = nlohmann::json::array();
       for (int q = 0; q < W; ++q)
         j["files"].push_back({{"name", "rank" + std::to_string(q) + ".h5"},
@@ -301,6 +307,33 @@ std::string CheckpointManager::findLatestValid() {
   if (world_.rank() == 0) std::memcpy(buf.rawData(), chosen.data(), std::min<size_t>(chosen.size(), 4095));
   world_.broadcast(buf, 0)->wait(world_.timeout());
   return reinterpret_cast<const char*>(buf.rawData());
+}
+
+void CheckpointManager::exportConsolidated(const std::string& path, const std::string& out) {
+  nlohmann::json meta = readMeta(path);
+  const int64_t numel = meta.value("numel", int64_t{0});
+  verify(path, numel);
+  Tensor flat = Tensor::empty({numel}, DType::kF32);
+  for (const auto& f : meta["files"]) {
+    H5File h = H5File::open(path + "/" + f["name"].get<std::string>());
+    Tensor offs = h.readTensor("/pieces/offsets"), lens = h.readTensor("/pieces/lengths"), v = h.readTensor("/value");
+    int64_t cursor = 0;
+    for (int64_t i = 0; i < offs.numel(); ++i) {
+      const int64_t o = offs.data<int64_t>()[i], n = lens.data<int64_t>()[i];
+      flat.flatSlice(o, n).copyFrom(v.flatSlice(cursor, n));
+      cursor += n;
+    }
+  }
+  H5Writer w(out);
+  w.writeStringAttribute("/", "format", "meshtrain-parameters");
+  w.writeStringAttribute("/", "source", path);
+  w.writeIntAttribute("/", "step", meta.value("step", int64_t{0}));
+  for (const auto& p : meta["params"]) {
+    Shape shape = p["shape"].get<Shape>();
+    Tensor t = flat.flatSlice(p["offset"].get<int64_t>(), shapeNumel(shape)).view(shape).clone();
+    w.write("/params/" + p["name"].get<std::string>(), t);
+  }
+  w.close();
 }
 
 TrainState CheckpointManager::load(const std::string& path, Optimizer& opt, int64_t modelNumel) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/Communicator.h"
+#include "core/ParamTable.h"
 #include "models/optim/Optimizer.h"
 
 namespace mt {
@@ -36,13 +37,19 @@ class CheckpointManager {
 
   // replicated: every rank holds the same optimizer (data parallelism), so each writes a slice.
   // Returns the checkpoint's directory. Throws IoError naming the path (disk full, ...).
-  std::string save(const TrainState& state, Optimizer& opt, int64_t modelNumel, bool replicated);
+  // writes = false: this rank's state is a copy of another's (hybrid sharding replicas).
+  // `table` names the parameters in meta.json (so a checkpoint can be exported without the model).
+  std::string save(const TrainState& state, Optimizer& opt, const ParamTable& table, bool replicated,
+                   bool writes = true);
   // Newest valid checkpoint, or "" when there is none; corrupt ones are skipped with a warning.
   std::string findLatestValid();
   // Restores this rank's segments; `path` from findLatestValid() or given by the user.
   TrainState load(const std::string& path, Optimizer& opt, int64_t modelNumel);
   // Throws CheckpointError naming the file when the checkpoint is not usable.
   static void verify(const std::string& path, int64_t modelNumel);
+  // One HDF5 file with every parameter whole (/params/<name>, f32) from a checkpoint of any
+  // world size and strategy. Not collective.
+  static void exportConsolidated(const std::string& path, const std::string& out);
 
  private:
   std::string dir_;

@@ -74,6 +74,12 @@ const std::vector<ConfigKey>& configSchema() {
       {"dist.timeout_s", "300", "collective timeout in seconds (MT_COMM_TIMEOUT_S overrides)"},
       {"dist.fingerprint", "false", "check that all ranks issue the same collective (debug; slow)"},
       {"dist.health_monitor", "true", "detect killed ranks at once through a TCP connection to rank 0"},
+      // sharding
+      {"sharding.strategy", "no_shard", "no_shard (data parallel), full_shard, shard_grad_op or hybrid_shard"},
+      {"sharding.offload", "none", "none, or cpu: master shards and optimizer state in host memory, step on the CPU"},
+      {"sharding.prefetch_limit", "2", "units gathered at once (the current one and the prefetched)"},
+      {"sharding.param_dtype", "f32", "dtype parameters are all-gathered in: f32 or bf16"},
+      {"sharding.reduce_dtype", "f32", "dtype gradients are reduce-scattered in: f32 or bf16"},
       // checkpoint
       {"checkpoint.dir", "", "where checkpoints go (default <run_dir>/checkpoints; shared by all nodes)"},
       {"checkpoint.interval", "0", "save every this many steps (0: only at exit)"},

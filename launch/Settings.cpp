@@ -116,6 +116,16 @@ Settings Settings::fromConfig(const Config& c) {
   s.timeout = std::chrono::seconds(timeout);
   s.fingerprint = c.flag("dist.fingerprint") || envInt(EnvParam::kFingerprint) != 0;
   s.healthMonitor = c.flag("dist.health_monitor");
+  if (!parseShardStrategy(c.choice("sharding.strategy", {"no_shard", "full_shard", "shard_grad_op", "hybrid_shard"}),
+                          &s.sharding.strategy))
+    c.fail("sharding.strategy", "unknown strategy");
+  s.sharding.offloadCpu = c.choice("sharding.offload", {"none", "cpu"}) == "cpu";
+  s.sharding.prefetchLimit = static_cast<int>(c.i64("sharding.prefetch_limit"));
+  if (s.sharding.prefetchLimit < 1) c.fail("sharding.prefetch_limit", "must be >= 1");
+  parseDType(c.choice("sharding.param_dtype", {"f32", "bf16"}), &s.sharding.paramDtype);
+  parseDType(c.choice("sharding.reduce_dtype", {"f32", "bf16"}), &s.sharding.reduceDtype);
+  if (s.sharding.offloadCpu && s.sharding.strategy == ShardStrategy::kNoShard)
+    c.fail("sharding.offload", "needs a sharded strategy (full_shard, shard_grad_op or hybrid_shard)");
   s.checkpointDir = c.str("checkpoint.dir");
   if (s.checkpointDir.empty()) s.checkpointDir = s.runDir + "/checkpoints";
   s.checkpointInterval = c.i64("checkpoint.interval");

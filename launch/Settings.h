@@ -10,6 +10,7 @@
 #include "data/H5File.h"
 #include "data/Loader.h"
 #include "launch/Config.h"
+#include "sharding/ShardedEngine.h"
 #include "models/ModelConfig.h"
 #include "models/optim/LrSchedule.h"
 #include "models/optim/Optimizer.h"
@@ -42,6 +43,8 @@ struct Settings {
   DataParallelOptions dp;
   std::chrono::seconds timeout{300};
   bool fingerprint = false, healthMonitor = true;
+  // sharding
+  ShardingOptions sharding;
   // checkpoint
   std::string checkpointDir, resume = "auto";
   int64_t checkpointInterval = 0, checkpointKeep = 3;

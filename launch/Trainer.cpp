@@ -76,6 +76,7 @@ Trainer::~Trainer() {
   loader_.reset();
   if (health_) health_->shutdown();
   optimizer_.reset();
+  engine_.reset();
   dp_.reset();
   model_.reset();
   groups_.reset();
@@ -230,8 +231,24 @@ void Trainer::setupModel() {
   model_ = buildImageModel(mc, in);
   model_->params().materialize(device_);
   model_->initParams(s_.seed);
-  // An explicitly chosen backend is used even by a single rank (so a 1-rank NCCL run exercises it).
-  if (world_->size() > 1 || std::string(world_->backend()) != "local") {
+  if (s_.sharding.strategy != ShardStrategy::kNoShard) {
+    Communicator* shardComm = world_.get();
+    Communicator* replicaComm = nullptr;
+    if (s_.sharding.strategy == ShardStrategy::kHybridShard) {
+      if (!groups_) {
+        const int L = s_.nodeRanks > 0 ? s_.nodeRanks : mpi_.localSize();
+        if (world_->size() % L != 0)
+          cfg_.fail("topo.node_ranks", std::to_string(L) + " ranks per node do not divide the " +
+                                           std::to_string(world_->size()) + " ranks");
+        groups_ = std::make_unique<NodeGroups>(*world_, L);
+      }
+      shardComm = &groups_->intra();
+      replicaComm = &groups_->inter();
+    }
+    engine_ = std::make_unique<ShardedEngine>(*model_, *shardComm, replicaComm, s_.sharding, s_.optim);
+    model_->setHooks(engine_.get());
+  } else if (world_->size() > 1 || std::string(world_->backend()) != "local") {
+    // An explicitly chosen backend is used even by a single rank (so a 1-rank NCCL run exercises it).
     dp_ = std::make_unique<DataParallel>(model_->params(), *world_, s_.dp);
     if (groups_) dp_->setReducer(std::make_unique<HierarchicalReducer>(*groups_));
     dp_->broadcastParameters(0);
@@ -245,7 +262,7 @@ void Trainer::setupModel() {
 }
 
 void Trainer::setupOptimizer() {
-  optimizer_ = makeOptimizer(s_.optim, segmentsOf(model_->params()));
+  if (!engine_) optimizer_ = makeOptimizer(s_.optim, segmentsOf(model_->params()));
   schedule_ = s_.schedule;
   schedule_.totalSteps = totalSteps_;
 }
@@ -255,7 +272,8 @@ void Trainer::resumeIfAny() {
   if (s_.resume == "never") return;
   const std::string path = s_.resume == "auto" ? ckpt_->findLatestValid() : s_.resume;
   if (path.empty()) return;
-  TrainState st = ckpt_->load(path, *optimizer_, model_->params().numel());
+  TrainState st = ckpt_->load(path, optimizer(), model_->params().numel());
+  if (engine_) engine_->refreshGatherCopies();
   if (st.seed != s_.seed && world_->rank() == 0)
     MT_LOG_WARN << "checkpoint " << path << " was written with run.seed " << st.seed << ", this run uses " << s_.seed
                 << ": the data order will differ from the original run";
@@ -276,8 +294,9 @@ void Trainer::saveCheckpoint(int64_t stepsDone) {
     st.lossScale = scaler_->scale();
     st.scalerClean = scaler_->cleanSteps();
   }
-  st.strategy = "no_shard";
-  ckpt_->save(st, *optimizer_, model_->params().numel(), /*replicated=*/true);
+  st.strategy = engine_ ? engine_->strategyName() : "no_shard";
+  ckpt_->save(st, optimizer(), model_->params(), /*replicated=*/!engine_,
+              /*writes=*/!engine_ || engine_->isReplicaWriter());
 }
 
 LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
@@ -288,28 +307,71 @@ LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
   ctx.step = step;
   ctx.lossScale = scaler_ ? scaler_->scale() : 1.f;
   model_->params().zeroGrads();
+  if (engine_) engine_->beginStep();
   LossStats stats = model_->forward(toDevice(batch), ctx);
+  activationPeak_ = std::max(activationPeak_, model_->activationBytes());
   const int64_t backwardStartUs = wallMicros();
   if (dp_) dp_->beginBackward(true);
   model_->backward(ctx);
   if (dp_) dp_->finishBackward();
+  if (engine_) engine_->finishBackward();
   if (trace_) writeTrace(step, backwardStartUs);
   bool apply = true;
   if (scaler_) {
     // Every rank skips the same steps: the found-inf flag is or-ed over the world.
-    apply = scaler_->unscaleAndCheck(optimizer_->segments(), [this](bool found) {
+    apply = scaler_->unscaleAndCheck(optimizer().segments(), [this](bool found) {
       return world_->allReduceScalar(found ? 1.0 : 0.0, ReduceOp::kMax) > 0.0;
     });
     if (!apply && world_->rank() == 0)
       MT_LOG_WARN << "step " << step + 1 << ": inf/nan gradients, step skipped, loss scale now " << scaler_->scale();
   }
   if (apply) {
-    if (s_.gradClip > 0.f) clipGradNorm(optimizer_->segments(), s_.gradClip);
-    optimizer_->step(schedule_.at(step));
+    if (s_.gradClip > 0.f) {
+      if (engine_) engine_->clipGradNorm(s_.gradClip);
+      else clipGradNorm(optimizer_->segments(), s_.gradClip);
+    }
+    if (engine_) engine_->step(schedule_.at(step));
+    else optimizer_->step(schedule_.at(step));
     if (scaler_) scaler_->update();
   }
   if (dp_ && dp_->afterStep()) optimizer_->rebind(segmentsOf(model_->params()));
   return stats;
+}
+
+void Trainer::logMemory(int64_t step) {
+  MemoryAccount m;
+  if (engine_) {
+    m = engine_->measureMemory();
+  } else {
+    m.paramBytes = static_cast<int64_t>(model_->params().flatValues().nbytes());
+    m.gradBytes = static_cast<int64_t>(model_->params().flatGrads().nbytes());
+    m.optimizerBytes = optimizer_->stateBytes();
+    m.devicePeakBytes = allocatorFor(device_).stats().peakAllocatedBytes;
+  }
+  m.activationPeakBytes = std::max(m.activationPeakBytes, activationPeak_);
+  const int W = world_->size();
+  Tensor mine = Tensor::empty({6}, DType::kI64), all = Tensor::empty({6 * W}, DType::kI64);
+  const int64_t v[6] = {m.paramBytes, m.gradBytes, m.optimizerBytes, m.gatheredPeakBytes, m.activationPeakBytes,
+                        m.devicePeakBytes};
+  std::copy(v, v + 6, mine.data<int64_t>());
+  world_->allGather(mine, all)->wait(world_->timeout());
+  if (world_->rank() != 0) return;
+  nlohmann::json j = {{"type", "memory"}, {"step", step}, {"strategy", engine_ ? engine_->strategyName() : "no_shard"},
+                      {"parameters", model_->params().numel()}};
+  const char* names[6] = {"param_bytes", "grad_bytes", "optimizer_bytes", "gathered_peak_bytes",
+                          "activation_peak_bytes", "allocator_peak_bytes"};
+  for (int k = 0; k < 6; ++k) {
+    nlohmann::json col = nlohmann::json::array();
+    for (int r = 0; r < W; ++r) col.push_back(all.data<int64_t>()[6 * r + k]);
+    j[names[k]] = col;
+  }
+  metrics_.write(j);
+  MT_LOG_INFO << "memory per rank (rank 0, " << j["strategy"].get<std::string>() << "): params "
+              << formatBytes(m.paramBytes) << ", grads " << formatBytes(m.gradBytes) << ", optimizer "
+              << formatBytes(m.optimizerBytes) << " (persistent " << formatBytes(m.persistent()) << " = "
+              << static_cast<double>(m.persistent()) / static_cast<double>(model_->params().numel())
+              << " bytes/parameter), gathered peak " << formatBytes(m.gatheredPeakBytes) << ", activations peak "
+              << formatBytes(m.activationPeakBytes) << ", allocator peak " << formatBytes(m.devicePeakBytes);
 }
 
 void Trainer::writeTrace(int64_t step, int64_t backwardStartUs) {
@@ -349,6 +411,7 @@ EvalResult Trainer::evaluate() {
                              mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), lo + localEval)));
     Batch b = src.collate(idx, &cache, cpuAllocator());
     LossStats s = model_->forward(toDevice(b), ctx);
+    if (engine_) engine_->releaseAll();
     total.lossSum += s.lossSum;
     total.correct += s.correct;
     total.count += s.count;
@@ -411,6 +474,7 @@ int Trainer::run() {
     Batch batch = loader_->next();
     intervalWait += loader_->lastWaitSeconds();
     LossStats stats = trainStep(batch, step);
+    if (step == startStep_) logMemory(step + 1);
     ++intervalSteps;
     const bool logNow = (step + 1) % s_.logInterval == 0 || step + 1 == totalSteps_;
     if (logNow) {

@@ -89,12 +89,16 @@ class Trainer {
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;  // no_shard; sharded runs use the engine's
+  std::unique_ptr<ShardedEngine> engine_;
+  Optimizer& optimizer() { return engine_ ? engine_->optimizer() : *optimizer_; }
+  void logMemory(int64_t step);
   LrSchedule schedule_;
   MetricsWriter metrics_;
   std::unique_ptr<CheckpointManager> ckpt_;
   std::unique_ptr<StopAgreement> stop_;
   int64_t startStep_ = 0;
+  int64_t activationPeak_ = 0;
   bool resumed_ = false;
   std::unique_ptr<std::ofstream> trace_;
 };

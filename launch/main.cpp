@@ -3,6 +3,7 @@
 //   trainer --help | --help-env | --devices
 //   trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]   topology summary
 //   trainer predict --topo X.xml [--profile P] ...                       scaling prediction
+//   trainer export --checkpoint DIR --out FILE.h5                       consolidated parameters
 // Exit codes: 0 ok, 1 internal/library failure, 2 bad input (config, data), 3 lost peer/timeout.
 
 #include <mpi.h>
@@ -18,6 +19,7 @@
 #include "comm/MpiEnvironment.h"
 #include "core/EnvParams.h"
 #include "core/Log.h"
+#include "launch/Checkpoint.h"
 #include "launch/Config.h"
 #include "launch/Failure.h"
 #include "launch/Trainer.h"
@@ -141,11 +143,26 @@ int predictCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
+// trainer export --checkpoint DIR --out FILE.h5
+int exportCommand(const std::vector<std::string>& args) {
+  std::string ckpt, out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--checkpoint" && i + 1 < args.size()) ckpt = args[++i];
+    else if (args[i] == "--out" && i + 1 < args.size()) out = args[++i];
+    else throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
+  }
+  if (ckpt.empty() || out.empty()) throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
+  mt::CheckpointManager::exportConsolidated(ckpt, out);
+  std::printf("exported %s to %s\n", ckpt.c_str(), out.c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "topo" || args[0] == "predict")) {
+  if (!args.empty() && (args[0] == "topo" || args[0] == "predict" || args[0] == "export")) {
     try {
       std::vector<std::string> rest(args.begin() + 1, args.end());
+      if (args[0] == "export") return exportCommand(rest);
       return args[0] == "topo" ? topoCommand(rest) : predictCommand(rest);
     } catch (const mt::Error& e) {
       mt::writeLine(std::string("error: ") + e.what());

@@ -4,6 +4,8 @@
 // Gradient utilities: deterministic sum of squares (fixed two-level tree, f64), scaling, and an
 // inf/nan check for loss scaling.
 
+#include <cuda_bf16.h>
+
 #include <cmath>
 
 #include "models/kernels/CudaOptim.h"
@@ -18,7 +20,8 @@ constexpr int kChunk = 4096;  // elements per block
 
 struct SegTable {
   float* p[kMaxSegs];
-  const float* g[kMaxSegs];
+  const void* g[kMaxSegs];  // f32, or bf16 when gBf16
+  bool gBf16[kMaxSegs];
   float* s1[kMaxSegs];
   float* s2[kMaxSegs];
   int64_t n[kMaxSegs];
@@ -26,6 +29,10 @@ struct SegTable {
   int blockStart[kMaxSegs + 1];  // first block of each segment
   int count;
 };
+
+__device__ inline float gradAt(const SegTable& t, int s, int64_t i) {
+  return t.gBf16[s] ? __bfloat162float(static_cast<const __nv_bfloat16*>(t.g[s])[i]) : static_cast<const float*>(t.g[s])[i];
+}
 
 __device__ int segmentOf(const SegTable& t, int block) {
   int s = 0;
@@ -39,13 +46,12 @@ __global__ void adamwKernel(SegTable t, float lr, float beta1, float beta2, floa
   const int64_t base = static_cast<int64_t>(blockIdx.x - t.blockStart[s]) * kChunk;
   const int64_t end = min(t.n[s], base + kChunk);
   float* p = t.p[s];
-  const float* g = t.g[s];
   float* m = t.s1[s];
   float* v = t.s2[s];
   const float decay = 1.f - lr * t.wd[s];
   for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
     float pi = p[i] * decay;
-    const float gi = g[i];
+    const float gi = gradAt(t, s, i);
     const float mi = beta1 * m[i] + (1.f - beta1) * gi;
     const float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
     m[i] = mi;
@@ -60,10 +66,9 @@ __global__ void sgdKernel(SegTable t, float lr, float momentum, bool nesterov, b
   const int64_t base = static_cast<int64_t>(blockIdx.x - t.blockStart[s]) * kChunk;
   const int64_t end = min(t.n[s], base + kChunk);
   float* p = t.p[s];
-  const float* g = t.g[s];
   float* buf = t.s1[s];
   for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
-    float gi = g[i] + t.wd[s] * p[i];
+    float gi = gradAt(t, s, i) + t.wd[s] * p[i];
     if (momentum != 0.f) {
       const float b = first ? gi : momentum * buf[i] + gi;
       buf[i] = b;
@@ -86,7 +91,8 @@ void forEachTable(const std::vector<OptimSegment>& segs, const std::vector<int64
       if (n == 0) continue;
       const int k = t.count++;
       t.p[k] = segs[i].value.data<float>();
-      t.g[k] = segs[i].grad.data<float>();
+      t.g[k] = segs[i].grad.rawData();
+      t.gBf16[k] = segs[i].grad.dtype() == DType::kBF16;
       t.s1[k] = s1 ? s1 + offsets[i] : nullptr;
       t.s2[k] = s2 ? s2 + offsets[i] : nullptr;
       t.n[k] = n;
@@ -99,12 +105,19 @@ void forEachTable(const std::vector<OptimSegment>& segs, const std::vector<int64
   }
 }
 
-__global__ void sumSqPartial(const float* x, int64_t n, double* part) {
+__device__ inline float asFloat(float v) { return v; }
+__device__ inline float asFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__global__ void sumSqPartial(const T* x, int64_t n, double* part) {
   __shared__ double red[256];
   double acc = 0.0;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t end = min(n, base + kChunk);
-  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) acc += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    const double v = asFloat(x[i]);
+    acc += v * v;
+  }
   red[threadIdx.x] = acc;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
@@ -130,10 +143,14 @@ __global__ void sumFinal(const double* part, int64_t n, double* out) {
 __global__ void scaleKernel(float* x, int64_t n, float f) {
   MT_GRID_STRIDE(i, n) { x[i] *= f; }
 }
+__global__ void scaleKernelBf16(__nv_bfloat16* x, int64_t n, float f) {
+  MT_GRID_STRIDE(i, n) { x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * f); }
+}
 
-__global__ void nonFiniteKernel(const float* x, int64_t n, int* flag) {
+template <typename T>
+__global__ void nonFiniteKernel(const T* x, int64_t n, int* flag) {
   MT_GRID_STRIDE(i, n) {
-    if (!isfinite(x[i])) *flag = 1;
+    if (!isfinite(asFloat(x[i]))) *flag = 1;
   }
 }
 
@@ -165,7 +182,11 @@ double sumOfSquares(const Tensor& t) {
   if (n == 0) return 0.0;
   const int64_t blocks = (n + kChunk - 1) / kChunk;
   Tensor part = Tensor::empty({blocks + 1}, DType::kF64, t.device());
-  sumSqPartial<<<static_cast<unsigned>(blocks), 256, 0, currentStream()>>>(t.data<float>(), n, part.data<double>());
+  if (t.dtype() == DType::kBF16)
+    sumSqPartial<<<static_cast<unsigned>(blocks), 256, 0, currentStream()>>>(
+        static_cast<const __nv_bfloat16*>(t.rawData()), n, part.data<double>());
+  else
+    sumSqPartial<<<static_cast<unsigned>(blocks), 256, 0, currentStream()>>>(t.data<float>(), n, part.data<double>());
   sumFinal<<<1, 256, 0, currentStream()>>>(part.data<double>(), blocks, part.data<double>() + blocks);
   checkLaunch();
   double out = 0.0;
@@ -175,16 +196,25 @@ double sumOfSquares(const Tensor& t) {
 }
 
 void scaleInPlace(const Tensor& t, float factor) {
-  scaleKernel<<<gridFor1d(t.numel()), 256, 0, currentStream()>>>(static_cast<float*>(t.rawData()), t.numel(), factor);
+  if (t.dtype() == DType::kBF16)
+    scaleKernelBf16<<<gridFor1d(t.numel()), 256, 0, currentStream()>>>(static_cast<__nv_bfloat16*>(t.rawData()),
+                                                                        t.numel(), factor);
+  else
+    scaleKernel<<<gridFor1d(t.numel()), 256, 0, currentStream()>>>(static_cast<float*>(t.rawData()), t.numel(), factor);
   checkLaunch();
 }
 
 bool anyNonFinite(const std::vector<Tensor>& ts) {
   if (ts.empty()) return false;
   Tensor flag = Tensor::zeros({1}, DType::kI32, ts[0].device());
-  for (const Tensor& t : ts)
-    nonFiniteKernel<<<gridFor1d(t.numel()), 256, 0, currentStream()>>>(t.data<float>(), t.numel(),
-                                                                        flag.data<int32_t>());
+  for (const Tensor& t : ts) {
+    if (t.dtype() == DType::kBF16)
+      nonFiniteKernel<<<gridFor1d(t.numel()), 256, 0, currentStream()>>>(
+          static_cast<const __nv_bfloat16*>(t.rawData()), t.numel(), flag.data<int32_t>());
+    else
+      nonFiniteKernel<<<gridFor1d(t.numel()), 256, 0, currentStream()>>>(t.data<float>(), t.numel(),
+                                                                          flag.data<int32_t>());
+  }
   checkLaunch();
   int host = 0;
   CUDA_CHECK(cudaMemcpyAsync(&host, flag.data<int32_t>(), sizeof(int), cudaMemcpyDeviceToHost, currentStream()));

@@ -19,7 +19,9 @@ double sumOfSquares(const std::vector<OptimSegment>& segments) {
       continue;
     }
 #endif
-    const float* g = s.grad.data<float>();
+    const bool bf = s.grad.dtype() == DType::kBF16;
+    const float* g = bf ? nullptr : s.grad.data<float>();
+    const BFloat16* gb = bf ? s.grad.data<BFloat16>() : nullptr;
     const int64_t n = s.grad.numel();
     const int64_t blocks = (n + 4095) / 4096;
     std::vector<double> part(static_cast<size_t>(blocks), 0.0);
@@ -27,7 +29,10 @@ double sumOfSquares(const std::vector<OptimSegment>& segments) {
       for (int64_t b = lo; b < hi; ++b) {
         double acc = 0.0;
         const int64_t e = std::min(n, (b + 1) * 4096);
-        for (int64_t i = b * 4096; i < e; ++i) acc += static_cast<double>(g[i]) * g[i];
+        for (int64_t i = b * 4096; i < e; ++i) {
+          const double x = bf ? static_cast<double>(static_cast<float>(gb[i])) : static_cast<double>(g[i]);
+          acc += x * x;
+        }
         part[static_cast<size_t>(b)] = acc;
       }
     });
@@ -44,6 +49,13 @@ void scaleGrads(const std::vector<OptimSegment>& segments, float factor) {
       continue;
     }
 #endif
+    if (s.grad.dtype() == DType::kBF16) {
+      BFloat16* g = s.grad.data<BFloat16>();
+      parallelFor(s.grad.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) g[i] = BFloat16(static_cast<float>(g[i]) * factor);
+      });
+      continue;
+    }
     float* g = s.grad.data<float>();
     parallelFor(s.grad.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) g[i] *= factor;

@@ -18,6 +18,11 @@ bool anyNonFiniteGrad(const std::vector<OptimSegment>& segs) {
       device.push_back(s.grad);
       continue;
     }
+    if (s.grad.dtype() == DType::kBF16) {
+      const BFloat16* g = s.grad.data<BFloat16>();
+      for (int64_t i = 0; i < s.grad.numel() && !found; ++i) found = !std::isfinite(static_cast<float>(g[i]));
+      continue;
+    }
     const float* g = s.grad.data<float>();
     for (int64_t i = 0; i < s.grad.numel() && !found; ++i) found = !std::isfinite(g[i]);
   }

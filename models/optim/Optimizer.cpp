@@ -13,7 +13,8 @@ namespace mt {
 
 Optimizer::Optimizer(std::vector<OptimSegment> segs) : segments_(std::move(segs)) {
   for (const auto& s : segments_) {
-    MT_CHECK(s.value.numel() == s.grad.numel() && s.value.dtype() == DType::kF32 && s.grad.dtype() == DType::kF32,
+    MT_CHECK(s.value.numel() == s.grad.numel() && s.value.dtype() == DType::kF32 &&
+                 (s.grad.dtype() == DType::kF32 || s.grad.dtype() == DType::kBF16),
              "optimizer segment ", s.value.str(), " / ", s.grad.str());
     stateOffsets_.push_back(stateNumel_);
     stateNumel_ += s.value.numel();
@@ -33,8 +34,14 @@ int64_t Optimizer::stateBytes() {
   return b;
 }
 
-void adamwUpdateCpu(float* p, const float* g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
-                    float beta2, float eps, int64_t step) {
+namespace {
+
+inline float gradAt(const float* g, int64_t i) { return g[i]; }
+inline float gradAt(const BFloat16* g, int64_t i) { return static_cast<float>(g[i]); }
+
+template <typename G>
+void adamwImpl(float* p, const G* g, float* m, float* v, int64_t n, float lr, float wd, float beta1, float beta2,
+               float eps, int64_t step) {
   // Bias corrections in double, as PyTorch computes these scalars in Python floats.
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
@@ -45,7 +52,7 @@ void adamwUpdateCpu(float* p, const float* g, float* m, float* v, int64_t n, flo
 #pragma omp simd
     for (int64_t i = lo; i < hi; ++i) {
       float pi = p[i] * decay;
-      const float gi = g[i];
+      const float gi = gradAt(g, i);
       const float mi = beta1 * m[i] + (1.f - beta1) * gi;
       const float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
       m[i] = mi;
@@ -56,11 +63,12 @@ void adamwUpdateCpu(float* p, const float* g, float* m, float* v, int64_t n, flo
   });
 }
 
-void sgdUpdateCpu(float* p, const float* g, float* buf, int64_t n, float lr, float wd, float momentum,
-                  bool nesterov, bool firstStep) {
+template <typename G>
+void sgdImpl(float* p, const G* g, float* buf, int64_t n, float lr, float wd, float momentum, bool nesterov,
+             bool firstStep) {
   parallelFor(n, 1 << 14, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      float gi = g[i] + wd * p[i];
+      float gi = gradAt(g, i) + wd * p[i];
       if (momentum != 0.f) {
         const float b = firstStep ? gi : momentum * buf[i] + gi;
         buf[i] = b;
@@ -69,6 +77,20 @@ void sgdUpdateCpu(float* p, const float* g, float* buf, int64_t n, float lr, flo
       p[i] -= lr * gi;
     }
   });
+}
+
+}  // namespace
+
+void adamwUpdateCpu(float* p, const Tensor& g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
+                    float beta2, float eps, int64_t step) {
+  if (g.dtype() == DType::kBF16) adamwImpl(p, g.data<BFloat16>(), m, v, n, lr, wd, beta1, beta2, eps, step);
+  else adamwImpl(p, g.data<float>(), m, v, n, lr, wd, beta1, beta2, eps, step);
+}
+
+void sgdUpdateCpu(float* p, const Tensor& g, float* buf, int64_t n, float lr, float wd, float momentum,
+                  bool nesterov, bool firstStep) {
+  if (g.dtype() == DType::kBF16) sgdImpl(p, g.data<BFloat16>(), buf, n, lr, wd, momentum, nesterov, firstStep);
+  else sgdImpl(p, g.data<float>(), buf, n, lr, wd, momentum, nesterov, firstStep);
 }
 
 namespace {
@@ -91,7 +113,7 @@ class AdamW final : public Optimizer {
 #endif
     for (size_t i = 0; i < segments_.size(); ++i) {
       auto& s = segments_[i];
-      adamwUpdateCpu(s.value.data<float>(), s.grad.data<float>(), m_.data<float>() + stateOffsets_[i],
+      adamwUpdateCpu(s.value.data<float>(), s.grad, m_.data<float>() + stateOffsets_[i],
                      v_.data<float>() + stateOffsets_[i], s.value.numel(), lr, s.decay ? cfg_.weightDecay : 0.f,
                      cfg_.beta1, cfg_.beta2, cfg_.eps, steps_);
     }
@@ -121,7 +143,7 @@ class Sgd final : public Optimizer {
 #endif
     for (size_t i = 0; i < segments_.size(); ++i) {
       auto& s = segments_[i];
-      sgdUpdateCpu(s.value.data<float>(), s.grad.data<float>(),
+      sgdUpdateCpu(s.value.data<float>(), s.grad,
                    cfg_.momentum != 0.f ? buf_.data<float>() + stateOffsets_[i] : nullptr, s.value.numel(), lr,
                    s.decay ? cfg_.weightDecay : 0.f, cfg_.momentum, cfg_.nesterov, first);
     }

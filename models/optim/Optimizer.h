@@ -21,7 +21,7 @@ namespace mt {
 
 struct OptimSegment {
   Tensor value;  // flat f32
-  Tensor grad;   // flat f32, same size and device
+  Tensor grad;   // flat f32 or bf16 (sharding's low-precision gradient shards), same size and device
   bool decay = true;
   int64_t globalOffset = -1;  // where value starts in the model's flat parameter vector (checkpoints)
 };
@@ -65,9 +65,10 @@ std::vector<OptimSegment> segmentsOf(class ParamTable& table);
 
 // The AdamW and SGD update of one segment, shared by the CPU optimizer and the offloaded (host)
 // optimizer of sharding; exposed for the kernel tests.
-void adamwUpdateCpu(float* p, const float* g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
+// g is the segment's gradient tensor (f32 or bf16).
+void adamwUpdateCpu(float* p, const Tensor& g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
                     float beta2, float eps, int64_t step);
-void sgdUpdateCpu(float* p, const float* g, float* buf, int64_t n, float lr, float wd, float momentum,
+void sgdUpdateCpu(float* p, const Tensor& g, float* buf, int64_t n, float lr, float wd, float momentum,
                   bool nesterov, bool firstStep);
 
 }  // namespace mt

@@ -1,0 +1,323 @@
+#include "sharding/ShardedEngine.h"
+
+#include <algorithm>
+
+#include "core/Log.h"
+#include "models/optim/GradClip.h"
+
+#ifdef MT_WITH_CUDA
+#include "core/cuda/CudaRuntime.h"
+#include "models/kernels/CudaLayers.h"
+#endif
+
+namespace mt {
+
+bool parseShardStrategy(const std::string& s, ShardStrategy* out) {
+  if (s == "no_shard") *out = ShardStrategy::kNoShard;
+  else if (s == "full_shard") *out = ShardStrategy::kFullShard;
+  else if (s == "shard_grad_op") *out = ShardStrategy::kShardGradOp;
+  else if (s == "hybrid_shard") *out = ShardStrategy::kHybridShard;
+  else return false;
+  return true;
+}
+
+const char* shardStrategyName(ShardStrategy s) {
+  switch (s) {
+    case ShardStrategy::kNoShard: return "no_shard";
+    case ShardStrategy::kFullShard: return "full_shard";
+    case ShardStrategy::kShardGradOp: return "shard_grad_op";
+    case ShardStrategy::kHybridShard: return "hybrid_shard";
+  }
+  return "?";
+}
+
+namespace {
+
+// dst <- src with conversion (f32 <-> bf16/f16), same numel, same device.
+void convertInto(Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) {
+    dst.copyFrom(src);
+    return;
+  }
+#ifdef MT_WITH_CUDA
+  if (dst.device().isCuda()) {
+    cuda::castTensor(dst, src);
+    return;
+  }
+#endif
+  MT_CHECK(src.device().isCpu() && dst.device().isCpu(), "conversion across devices");
+  const int64_t n = src.numel();
+  if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
+    const float* s = src.data<float>();
+    BFloat16* d = dst.data<BFloat16>();
+    for (int64_t i = 0; i < n; ++i) d[i] = BFloat16(s[i]);
+  } else if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32) {
+    const BFloat16* s = src.data<BFloat16>();
+    float* d = dst.data<float>();
+    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
+  } else {
+    MT_CHECK(false, "conversion ", dtypeName(src.dtype()), " -> ", dtypeName(dst.dtype()));
+  }
+}
+
+Allocator& hostAllocatorFor(Device device) {
+#ifdef MT_WITH_CUDA
+  if (device.isCuda()) return CudaRuntime::require().pinned();
+#endif
+  return cpuAllocator();
+}
+
+}  // namespace
+
+ShardedEngine::ShardedEngine(Model& model, Communicator& shardComm, Communicator* replicaComm,
+                             ShardingOptions options, const OptimConfig& optim)
+    : model_(model), table_(model.params()), shardComm_(shardComm), replicaComm_(replicaComm), opt_(options) {
+  MT_CHECK(opt_.strategy != ShardStrategy::kNoShard, "no_shard goes through DataParallel");
+  MT_CHECK(opt_.strategy != ShardStrategy::kHybridShard || replicaComm_, "hybrid_shard needs a replica group");
+  MT_CHECK(table_.materialized() && !table_.storageReleased(), "sharding needs the initialised parameters");
+  MT_REQUIRE(opt_.paramDtype == DType::kF32 || opt_.paramDtype == DType::kBF16, ConfigError,
+             "sharding.param_dtype must be f32 or bf16");
+  MT_REQUIRE(opt_.reduceDtype == DType::kF32 || opt_.reduceDtype == DType::kBF16, ConfigError,
+             "sharding.reduce_dtype must be f32 or bf16");
+  device_ = table_.device();
+  const int W = shardComm_.size(), r = shardComm_.rank();
+  const Device optDevice = opt_.offloadCpu ? Device::cpu() : device_;
+  Allocator& optAlloc = opt_.offloadCpu ? hostAllocatorFor(device_) : allocatorFor(device_);
+  std::vector<OptimSegment> segments;
+  for (int u = 0; u < table_.numUnits(); ++u) {
+    Unit unit;
+    int64_t cursor = 0;
+    for (Param* p : table_.unitParams(u)) {
+      unit.params.push_back({p, cursor});
+      cursor += alignParam(p->numel());
+    }
+    unit.shard = alignParam((cursor + W - 1) / W);
+    unit.numel = unit.shard * W;
+    unit.master = Tensor::empty({unit.shard}, DType::kF32, optAlloc);
+    unit.master.zero_();
+    const int64_t lo = static_cast<int64_t>(r) * unit.shard, hi = lo + unit.shard;
+    for (const auto& up : unit.params) {
+      const int64_t a = std::max(lo, up.unitOffset), b = std::min(hi, up.unitOffset + up.param->numel());
+      if (a >= b) continue;
+      Tensor src = up.param->value.flat().flatSlice(a - up.unitOffset, b - a);
+      Tensor dst = unit.master.flatSlice(a - lo, b - a);
+      dst.copyFrom(src);
+    }
+    if (opt_.paramDtype == DType::kF32 && !opt_.offloadCpu) {
+      unit.gatherCopy = unit.master;
+    } else {
+      unit.gatherCopy = Tensor::empty({unit.shard}, opt_.paramDtype, device_);
+    }
+    unit.gradShard = Tensor::zeros({unit.shard}, opt_.reduceDtype, device_);
+    if (opt_.offloadCpu) {
+      unit.gradShardHost = Tensor::empty({unit.shard}, DType::kF32, optAlloc);
+      unit.gradShardHost.zero_();
+    }
+    units_.push_back(std::move(unit));
+  }
+  refreshGatherCopies();
+  // Optimizer segments: every parameter's piece inside this rank's shards, in unit order, over the
+  // gradient shard itself (f32 or bf16; its host copy with offload).
+  (void)optDevice;
+  for (auto& unit : units_) {
+    const int64_t lo = static_cast<int64_t>(r) * unit.shard;
+    Tensor grad = opt_.offloadCpu ? unit.gradShardHost : unit.gradShard;
+    for (const auto& up : unit.params) {
+      const int64_t a = std::max(lo, up.unitOffset), b = std::min(lo + unit.shard, up.unitOffset + up.param->numel());
+      if (a >= b) continue;
+      segments.push_back({unit.master.flatSlice(a - lo, b - a), grad.flatSlice(a - lo, b - a), up.param->decay,
+                          up.param->offset + (a - up.unitOffset)});
+    }
+  }
+  optimizer_ = makeOptimizer(optim, segments);
+  table_.releaseStorage();
+  measureMemory();
+}
+
+ShardedEngine::~ShardedEngine() {
+  for (auto& u : units_)
+    if (u.gatherWork && !u.gatherWork->isCompleted()) {
+      try {
+        u.gatherWork->wait(shardComm_.timeout());
+      } catch (...) {
+        // The job is going down; the buffer must simply not be freed under an in-flight op.
+      }
+    }
+}
+
+bool ShardedEngine::isReplicaWriter() const {
+  return opt_.strategy != ShardStrategy::kHybridShard || !replicaComm_ || replicaComm_->rank() == 0;
+}
+
+void ShardedEngine::refreshGatherCopies() {
+  for (auto& u : units_) {
+    if (u.gatherCopy.sharesStorageWith(u.master)) continue;
+    if (u.master.device() == u.gatherCopy.device() || u.gatherCopy.dtype() == DType::kF32) {
+      if (u.master.device() == u.gatherCopy.device()) {
+        convertInto(u.gatherCopy, u.master);
+      } else {
+        u.gatherCopy.copyFrom(u.master);  // offload, f32: host -> device
+      }
+    } else {
+      Tensor onDevice = u.master.to(u.gatherCopy.device());  // offload, bf16: up, then cast there
+      convertInto(u.gatherCopy, onDevice);
+    }
+  }
+}
+
+int ShardedEngine::liveUnits() const {
+  int n = 0;
+  for (const auto& u : units_) n += u.gatherIssued ? 1 : 0;
+  return n;
+}
+
+void ShardedEngine::trackGathered() {
+  int64_t b = 0;
+  for (const auto& u : units_) {
+    if (u.gathered.defined()) b += static_cast<int64_t>(u.gathered.nbytes());
+    if (u.gatheredLow.defined()) b += static_cast<int64_t>(u.gatheredLow.nbytes());
+    if (u.gradFull.defined()) b += static_cast<int64_t>(u.gradFull.nbytes());
+  }
+  memory_.gatheredPeakBytes = std::max(memory_.gatheredPeakBytes, b);
+}
+
+void ShardedEngine::issueGather(int ui) {
+  Unit& u = units_[static_cast<size_t>(ui)];
+  if (u.gatherIssued) return;
+  u.gathered = Tensor::empty({u.numel}, DType::kF32, device_);
+  if (opt_.paramDtype != DType::kF32) {
+    u.gatheredLow = Tensor::empty({u.numel}, opt_.paramDtype, device_);
+    u.gatherWork = shardComm_.allGather(u.gatherCopy, u.gatheredLow);
+  } else {
+    u.gatherWork = shardComm_.allGather(u.gatherCopy, u.gathered);
+  }
+  u.gatherIssued = true;
+  trackGathered();
+}
+
+void ShardedEngine::waitGather(int ui) {
+  Unit& u = units_[static_cast<size_t>(ui)];
+  if (u.gatherWork) {
+    u.gatherWork->wait(shardComm_.timeout());
+    u.gatherWork = nullptr;
+    if (u.gatheredLow.defined()) {
+      convertInto(u.gathered, u.gatheredLow);
+      u.gatheredLow = Tensor();
+    }
+  }
+  bindValues(ui);
+}
+
+void ShardedEngine::bindValues(int ui) {
+  Unit& u = units_[static_cast<size_t>(ui)];
+  for (const auto& up : u.params)
+    up.param->value = u.gathered.flatSlice(up.unitOffset, up.param->numel()).view(up.param->shape);
+}
+
+void ShardedEngine::release(int ui) {
+  Unit& u = units_[static_cast<size_t>(ui)];
+  if (u.gatherWork) {
+    u.gatherWork->wait(shardComm_.timeout());
+    u.gatherWork = nullptr;
+  }
+  for (const auto& up : u.params) up.param->value = Tensor();
+  u.gathered = Tensor();
+  u.gatheredLow = Tensor();
+  u.gatherIssued = false;
+}
+
+void ShardedEngine::beginStep() {
+  memory_.gatheredPeakBytes = 0;
+  memory_.activationPeakBytes = 0;
+}
+
+void ShardedEngine::beforeUnitForward(int u) {
+  issueGather(u);
+  waitGather(u);
+  if (u + 1 < static_cast<int>(units_.size()) && liveUnits() < opt_.prefetchLimit) issueGather(u + 1);
+}
+
+void ShardedEngine::afterUnitForward(int u) {
+  if (opt_.strategy != ShardStrategy::kShardGradOp) release(u);
+}
+
+void ShardedEngine::beforeUnitBackward(int ui) {
+  inBackward_ = true;
+  memory_.activationPeakBytes = std::max(memory_.activationPeakBytes, model_.activationBytes());
+  issueGather(ui);
+  waitGather(ui);
+  Unit& u = units_[static_cast<size_t>(ui)];
+  u.gradFull = Tensor::zeros({u.numel}, DType::kF32, device_);
+  for (const auto& up : u.params)
+    up.param->grad = u.gradFull.flatSlice(up.unitOffset, up.param->numel()).view(up.param->shape);
+  trackGathered();
+  if (ui > 0 && liveUnits() < opt_.prefetchLimit) issueGather(ui - 1);
+}
+
+void ShardedEngine::afterUnitBackward(int ui) {
+  Unit& u = units_[static_cast<size_t>(ui)];
+  for (const auto& up : u.params) up.param->grad = Tensor();
+  if (opt_.reduceDtype != DType::kF32) {
+    Tensor low = Tensor::empty({u.numel}, opt_.reduceDtype, device_);
+    convertInto(low, u.gradFull);
+    u.gradFull = low;  // kept alive until its reduce-scatter completes
+  }
+  u.reduceWork = shardComm_.reduceScatter(u.gradFull, u.gradShard, ReduceOp::kAvg);
+  release(ui);
+}
+
+void ShardedEngine::finishBackward() {
+  inBackward_ = false;
+  for (auto& u : units_) {
+    if (u.reduceWork) {
+      u.reduceWork->wait(shardComm_.timeout());
+      u.reduceWork = nullptr;
+    }
+    u.gradFull = Tensor();
+    if (replicaComm_) replicaComm_->allReduce(u.gradShard, ReduceOp::kAvg)->wait(replicaComm_->timeout());
+  }
+  if (opt_.offloadCpu) {
+    // Gradient shards go down to the host, where the optimizer runs (converted to f32 there).
+    for (auto& u : units_) {
+      if (u.gradShard.dtype() == DType::kF32) {
+        u.gradShardHost.copyFrom(u.gradShard);
+      } else {
+        Tensor low = u.gradShard.to(Device::cpu());
+        convertInto(u.gradShardHost, low);
+      }
+    }
+  }
+  trackGathered();
+}
+
+double ShardedEngine::clipGradNorm(float maxNorm) {
+  // Shards are disjoint over the shard group; replicas hold copies, so they are not added.
+  return mt::clipGradNorm(optimizer_->segments(), maxNorm,
+                          [this](double s) { return shardComm_.allReduceScalar(s, ReduceOp::kSum); });
+}
+
+void ShardedEngine::step(float lr) {
+  optimizer_->step(lr);
+  refreshGatherCopies();
+}
+
+void ShardedEngine::releaseAll() {
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+    if (units_[static_cast<size_t>(u)].gatherIssued) release(u);
+}
+
+MemoryAccount ShardedEngine::measureMemory() {
+  MemoryAccount& m = memory_;
+  m.paramBytes = m.gradBytes = 0;
+  for (const auto& u : units_) {
+    m.paramBytes += static_cast<int64_t>(u.master.nbytes());
+    if (!u.gatherCopy.sharesStorageWith(u.master)) m.paramBytes += static_cast<int64_t>(u.gatherCopy.nbytes());
+    m.gradBytes += static_cast<int64_t>(u.gradShard.nbytes());
+    if (u.gradShardHost.defined()) m.gradBytes += static_cast<int64_t>(u.gradShardHost.nbytes());
+  }
+  m.optimizerBytes = optimizer_->stateBytes();
+  m.devicePeakBytes = allocatorFor(device_).stats().peakAllocatedBytes;
+  return m;
+}
+
+}  // namespace mt

@@ -1,0 +1,133 @@
+#pragma once
+// Fully sharded data parallelism (ZeRO-3 / FSDP) and its relatives, as model hooks.
+//
+// The model's parameters are grouped into units (the ParamTable's units: a layer, or a block);
+// each unit lives in one flat buffer, every parameter 256-byte aligned inside it, padded so it
+// splits into W equal shards. Rank r owns shard r of every unit: the f32 master copy, the optimizer
+// state, the gradient shard and — when the parameter dtype is bf16 — a bf16 copy used for the
+// all-gathers. Nothing else is kept between steps.
+//
+//   full_shard     all-gather a unit before its forward, free it after; all-gather it again
+//                  before its backward; reduce-scatter its gradient as its backward ends
+//   shard_grad_op  as full_shard, but a unit gathered in forward stays until its backward
+//   hybrid_shard   full_shard inside a node; gradient shards are then averaged across nodes
+//                  (each node holds a full replica of the sharded state)
+//   no_shard       not handled here: data parallelism through comm/DataParallel
+//
+// The all-gather of the next unit is issued while the current one computes (forward and
+// backward), with at most `prefetchLimit` units gathered at once. With offload = cpu the master
+// shard and the optimizer state live in (pinned) host memory and the optimizer step runs on the
+// CPU; gradient shards go down and updated parameter shards come back up.
+//
+// The optimizer's segments carry their global offsets, so sharded checkpoints load into any world
+// size and any strategy (launch/Checkpoint).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/Communicator.h"
+#include "models/Model.h"
+#include "models/optim/Optimizer.h"
+
+namespace mt {
+
+enum class ShardStrategy { kNoShard, kFullShard, kShardGradOp, kHybridShard };
+bool parseShardStrategy(const std::string& s, ShardStrategy* out);
+const char* shardStrategyName(ShardStrategy s);
+
+struct ShardingOptions {
+  ShardStrategy strategy = ShardStrategy::kFullShard;
+  bool offloadCpu = false;
+  int prefetchLimit = 2;            // units gathered at once
+  DType paramDtype = DType::kF32;   // all-gathered parameters (f32 or bf16)
+  DType reduceDtype = DType::kF32;  // reduce-scattered gradients (f32 or bf16)
+};
+
+struct MemoryAccount {
+  int64_t paramBytes = 0;      // persistent parameter shards (master + gather copy)
+  int64_t gradBytes = 0;       // persistent gradient shards
+  int64_t optimizerBytes = 0;  // optimizer state
+  int64_t gatheredPeakBytes = 0;  // unsharded unit parameters and gradients alive at once
+  int64_t activationPeakBytes = 0;
+  int64_t devicePeakBytes = 0;    // the allocator's peak (GPU) or the CPU allocator's peak
+  int64_t persistent() const { return paramBytes + gradBytes + optimizerBytes; }
+};
+
+class ShardedEngine final : public ModelHooks {
+ public:
+  // shardComm: the group a unit is sharded over (the world, or the node for hybrid_shard);
+  // replicaComm: across replicas (hybrid_shard only; null otherwise). Takes the model's already
+  // initialised parameters, keeps this rank's shards and releases the full copy.
+  ShardedEngine(Model& model, Communicator& shardComm, Communicator* replicaComm, ShardingOptions options,
+                const OptimConfig& optim);
+  ~ShardedEngine() override;
+
+  void beforeUnitForward(int unit) override;
+  void afterUnitForward(int unit) override;
+  void beforeUnitBackward(int unit) override;
+  void afterUnitBackward(int unit) override;
+
+  // Before a training step's forward: statistics reset, nothing gathered.
+  void beginStep();
+  // After backward: waits for the gradient reductions; gradients of the shards are then the
+  // average over all ranks.
+  void finishBackward();
+  // Global gradient norm over all shards (sum of squares all-reduced), clipping when maxNorm > 0.
+  double clipGradNorm(float maxNorm);
+  // The optimizer step on the shards, then the gather copies refreshed.
+  void step(float lr);
+  // After evaluation forwards (no backward): free what the forwards left gathered.
+  void releaseAll();
+
+  Optimizer& optimizer() { return *optimizer_; }
+  const MemoryAccount& memory() const { return memory_; }
+  MemoryAccount measureMemory();
+  // After the optimizer state or master shards were overwritten (checkpoint load).
+  void refreshGatherCopies();
+  bool isReplicaWriter() const;  // whether this rank's shards go into checkpoints
+  std::string strategyName() const { return shardStrategyName(opt_.strategy); }
+  int64_t unitCount() const { return static_cast<int64_t>(units_.size()); }
+
+ private:
+  struct UnitParam {
+    Param* param;
+    int64_t unitOffset;  // inside the unit buffer (aligned)
+  };
+  struct Unit {
+    std::vector<UnitParam> params;
+    int64_t numel = 0;   // padded: shard * W
+    int64_t shard = 0;   // elements per rank
+    Tensor master;       // f32 [shard], device or pinned host (offload)
+    Tensor gatherCopy;   // paramDtype [shard] (aliases master for f32 without offload)
+    Tensor gradShard;    // f32 [shard]
+    Tensor gradShardLow; // reduceDtype [shard] when != f32
+    Tensor gradShardHost;  // offload: f32 host copy
+    Tensor gathered;     // f32 [numel] while gathered
+    Tensor gatheredLow;  // paramDtype [numel] landing buffer when != f32
+    std::shared_ptr<Work> gatherWork;
+    bool gatherIssued = false;
+    Tensor gradFull;     // f32 [numel] while its backward runs and its reduction is in flight
+    std::shared_ptr<Work> reduceWork;
+  };
+
+  void issueGather(int u);
+  void waitGather(int u);
+  void bindValues(int u);
+  void release(int u);
+  int liveUnits() const;
+  void trackGathered();
+
+  Model& model_;
+  ParamTable& table_;
+  Communicator& shardComm_;
+  Communicator* replicaComm_;
+  ShardingOptions opt_;
+  Device device_;
+  std::vector<Unit> units_;
+  std::unique_ptr<Optimizer> optimizer_;
+  MemoryAccount memory_;
+  bool inBackward_ = false;
+};
+
+}  // namespace mt
