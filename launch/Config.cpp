@@ -32,6 +32,13 @@ const std::vector<ConfigKey>& configSchema() {
       {"model.conv_channels", "32,64", "cnn: output channels of each conv + pool stage"},
       {"model.kernel", "3", "cnn: convolution kernel size (odd; padding keeps the size)"},
       {"model.fc", "128", "cnn: width of the hidden fully-connected layer"},
+      {"model.gpt_preset", "d12", "gpt: d6, d12 (GPT-2 124M), d24, d36 or d48"},
+      {"model.layers", "0", "gpt: transformer blocks (0: the preset's)"},
+      {"model.heads", "0", "gpt: attention heads (0: the preset's)"},
+      {"model.channels", "0", "gpt: embedding width (0: the preset's)"},
+      {"model.seq_len", "1024", "gpt: tokens per sample (T)"},
+      {"model.vocab_size", "0", "gpt: vocabulary (0: the data file's vocab_size)"},
+      {"model.padded_vocab", "0", "gpt: vocabulary padded for aligned GEMMs (0: next multiple of 128)"},
       {"model.input_mean", "0.2860", "image normalisation mean (of pixel/255)"},
       {"model.input_std", "0.3530", "image normalisation standard deviation"},
       // data
@@ -53,6 +60,8 @@ const std::vector<ConfigKey>& configSchema() {
       {"train.precision", "f32", "f32, bf16 (bf16 matmuls, f32 master weights) or f16 (plus dynamic loss scaling)"},
       {"train.memory_cap_mb", "0", "cuda: cap on GPU memory the caching allocator may reserve (0: none)"},
       {"train.grad_clip", "0", "clip the global gradient norm to this (0: off)"},
+      {"train.eval_batches", "20", "gpt: batches of the test split per evaluation"},
+      {"train.peak_flops", "989e12", "peak FLOP/s per GPU for the MFU figure (H100/H200 dense bf16)"},
       // optim
       {"optim.type", "adamw", "sgd or adamw"},
       {"optim.lr", "0.001", "peak learning rate"},

@@ -42,7 +42,25 @@ Settings Settings::fromConfig(const Config& c) {
   m.inputMean = static_cast<float>(c.f64("model.input_mean"));
   m.inputStd = static_cast<float>(c.f64("model.input_std"));
   if (m.inputStd <= 0.f) c.fail("model.input_std", "must be positive");
-  if (m.type == "gpt") c.fail("model.type", "gpt needs token data; use a gpt config (configs/gpt_tiny.ini)");
+  if (m.type == "gpt") {
+    try {
+      s.gpt = GptConfig::preset(c.str("model.gpt_preset"));
+    } catch (const ConfigError&) {
+      c.fail("model.gpt_preset", "expected d6, d12, d24, d36 or d48");
+    }
+    for (const char* k : {"model.layers", "model.heads", "model.channels"})
+      if (c.i64(k) < 0) c.fail(k, "must be >= 0");
+    if (c.i64("model.layers") > 0) s.gpt.layers = c.i64("model.layers");
+    if (c.i64("model.heads") > 0) s.gpt.heads = c.i64("model.heads");
+    if (c.i64("model.channels") > 0) s.gpt.channels = c.i64("model.channels");
+    if (s.gpt.channels % s.gpt.heads != 0) c.fail("model.channels", "must be a multiple of model.heads");
+    s.gpt.maxT = c.i64("model.seq_len");
+    if (s.gpt.maxT <= 0) c.fail("model.seq_len", "must be positive");
+    s.gpt.vocab = c.i64("model.vocab_size");  // 0: from the data file
+    s.gpt.paddedVocab = c.i64("model.padded_vocab");
+    if (s.gpt.vocab < 0) c.fail("model.vocab_size", "must be >= 0");
+    if (s.gpt.paddedVocab < 0) c.fail("model.padded_vocab", "must be >= 0");
+  }
 
   // data
   s.dataPath = c.str("data.path");
@@ -76,6 +94,10 @@ Settings Settings::fromConfig(const Config& c) {
   s.memoryCapMb = c.i64("train.memory_cap_mb");
   if (s.memoryCapMb < 0) c.fail("train.memory_cap_mb", "must be >= 0");
   s.gradClip = static_cast<float>(c.f64("train.grad_clip"));
+  s.evalBatches = c.i64("train.eval_batches");
+  if (s.evalBatches <= 0) c.fail("train.eval_batches", "must be positive");
+  s.peakFlops = c.f64("train.peak_flops");
+  if (!(s.peakFlops > 0)) c.fail("train.peak_flops", "must be positive");
   if (s.gradClip < 0) c.fail("train.grad_clip", "must be >= 0");
 
   // optim

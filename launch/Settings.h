@@ -12,6 +12,7 @@
 #include "launch/Config.h"
 #include "sharding/ShardedEngine.h"
 #include "models/ModelConfig.h"
+#include "models/gpt/Gpt.h"
 #include "models/optim/LrSchedule.h"
 #include "models/optim/Optimizer.h"
 
@@ -25,6 +26,7 @@ struct Settings {
   bool trace = false;
   // model
   ModelConfig model;
+  GptConfig gpt;  // model.type = gpt
   // data
   std::string dataPath, trainSplit, testSplit, dataMode;
   FileLocking locking = FileLocking::kAuto;
@@ -35,6 +37,8 @@ struct Settings {
   std::string precision = "f32";
   int64_t memoryCapMb = 0;
   float gradClip = 0.f;
+  int64_t evalBatches = 20;
+  double peakFlops = 989e12;
   // optim + schedule (totalSteps filled in once the data is known)
   OptimConfig optim;
   LrSchedule schedule;

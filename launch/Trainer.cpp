@@ -204,22 +204,42 @@ void Trainer::setupData() {
                                       " ranks");
   localBatch_ = s_.globalBatch / world_->size();
   file_ = std::make_unique<H5File>(H5File::open(s_.dataPath, s_.locking));
-  train_ = std::make_unique<ImageDataset>(*file_, s_.trainSplit, world_->size());
-  test_ = std::make_unique<ImageDataset>(*file_, s_.testSplit, world_->size());
-  if (s_.dataMode == "memory") {
-    train_->loadIntoMemory();
-    test_->loadIntoMemory();
+  if (tokens()) {
+    trainTokens_ = std::make_unique<TokenDataset>(*file_, s_.trainSplit, s_.gpt.maxT, world_->size());
+    testTokens_ = std::make_unique<TokenDataset>(*file_, s_.testSplit, s_.gpt.maxT, world_->size());
+    if (s_.dataMode == "memory") {
+      trainTokens_->loadIntoMemory();
+      testTokens_->loadIntoMemory();
+    }
+    trainSource_ = std::make_unique<TokenSource>(*trainTokens_);
+  } else {
+    train_ = std::make_unique<ImageDataset>(*file_, s_.trainSplit, world_->size());
+    test_ = std::make_unique<ImageDataset>(*file_, s_.testSplit, world_->size());
+    if (s_.dataMode == "memory") {
+      train_->loadIntoMemory();
+      test_->loadIntoMemory();
+    }
+    trainSource_ = std::make_unique<ImageSource>(*train_);
   }
   LoaderOptions lo = s_.loader;
   lo.batchSize = localBatch_;
-  trainSource_ = std::make_unique<ImageSource>(*train_);
   loader_ = std::make_unique<Loader>(*trainSource_, lo, world_->rank(), world_->size());
   totalSteps_ = s_.maxSteps > 0 ? s_.maxSteps : s_.epochs * loader_->batchesPerEpoch();
 }
 
 void Trainer::setupModel() {
   const ModelConfig& mc = s_.model;
-  InputSpec in = train_->spec();
+  if (tokens()) {
+    GptConfig g = s_.gpt;
+    if (g.vocab == 0) g.vocab = trainTokens_->vocabSize();
+    if (trainTokens_->vocabSize() > g.vocab)
+      cfg_.fail("model.vocab_size", "the data holds token ids up to " + std::to_string(trainTokens_->vocabSize() - 1));
+    if (g.paddedVocab == 0) g.paddedVocab = (g.vocab + 127) / 128 * 128;
+    if (g.paddedVocab < g.vocab) cfg_.fail("model.padded_vocab", "smaller than the vocabulary " + std::to_string(g.vocab));
+    s_.gpt = g;
+    model_ = std::make_unique<Gpt>(g);
+  }
+  InputSpec in = tokens() ? InputSpec{} : train_->spec();
   if (mc.type == "cnn") {
     int64_t h = in.height, w = in.width;
     for (size_t i = 0; i < mc.convChannels.size(); ++i) h /= 2, w /= 2;
@@ -228,7 +248,7 @@ void Trainer::setupModel() {
                                            std::to_string(in.height) + "x" + std::to_string(in.width) +
                                            " image to nothing");
   }
-  model_ = buildImageModel(mc, in);
+  if (!tokens()) model_ = buildImageModel(mc, in);
   model_->params().materialize(device_);
   model_->initParams(s_.seed);
   if (s_.sharding.strategy != ShardStrategy::kNoShard) {
@@ -396,6 +416,36 @@ void Trainer::writeTrace(int64_t step, int64_t backwardStartUs) {
 
 EvalResult Trainer::evaluate() {
   const int W = world_->size(), r = world_->rank();
+  if (tokens()) {
+    // A fixed prefix of the test split: the same batches every evaluation.
+    TokenSource src(*testTokens_);
+    ChunkCache cache;
+    LossStats total;
+    Context ctx;
+    ctx.training = false;
+    ctx.device = device_;
+    const int64_t perRank = std::max<int64_t>(1, testTokens_->size() / W);
+    const int64_t batches = std::min<int64_t>(s_.evalBatches, std::max<int64_t>(1, perRank / localBatch_));
+    for (int64_t k = 0; k < batches; ++k) {
+      std::vector<int64_t> idx;
+      for (int64_t i = 0; i < localBatch_; ++i) idx.push_back((r + W * (k * localBatch_ + i)) % testTokens_->size());
+      LossStats s = model_->forward(toDevice(src.collate(idx, &cache, cpuAllocator())), ctx);
+      if (engine_) engine_->releaseAll();
+      total.lossSum += s.lossSum;
+      total.correct += s.correct;
+      total.count += s.count;
+    }
+    Tensor t = Tensor::empty({3}, DType::kF64);
+    t.data<double>()[0] = total.lossSum;
+    t.data<double>()[1] = static_cast<double>(total.correct);
+    t.data<double>()[2] = static_cast<double>(total.count);
+    world_->allReduceSync(t, ReduceOp::kSum);
+    EvalResult e;
+    e.count = static_cast<int64_t>(t.data<double>()[2]);
+    e.loss = e.count ? t.data<double>()[0] / static_cast<double>(e.count) : 0.0;
+    e.accuracy = e.count ? t.data<double>()[1] / static_cast<double>(e.count) : 0.0;
+    return e;
+  }
   const int64_t localEval = std::max<int64_t>(1, s_.evalBatch / W);
   // Rank r evaluates test examples r, r+W, ...: every example exactly once over all ranks.
   std::vector<int64_t> mine;
@@ -446,12 +496,27 @@ void Trainer::logStep(int64_t step, const LossStats& local, double intervalSecon
   const LoaderPosition pos = loader_->positionOf(step);
   const int64_t epochs = (totalSteps_ + loader_->batchesPerEpoch() - 1) / loader_->batchesPerEpoch();
   const double waitPct = intervalSeconds > 0 ? 100.0 * waitSeconds / intervalSeconds : 0.0;
-  char line[256];
-  std::snprintf(line, sizeof(line),
-                "step %lld/%lld epoch %lld/%lld loss %.4f acc %.3f lr %.3e samples/s %.0f data-wait %.1f%% ETA %s",
-                static_cast<long long>(step + 1), static_cast<long long>(totalSteps_),
-                static_cast<long long>(pos.epoch + 1), static_cast<long long>(epochs), loss, acc,
-                static_cast<double>(schedule_.at(step)), sps, waitPct, formatDuration(eta).c_str());
+  char line[320];
+  double tps = 0, mfu = 0;
+  if (tokens()) {
+    const int64_t T = s_.gpt.maxT;
+    tps = sps * static_cast<double>(T);
+    const double gpus = device_.isCuda() ? static_cast<double>(world_->size()) : 1.0;
+    mfu = tps * static_cast<GptConfig>(s_.gpt).flopsPerToken(T) / (s_.peakFlops * gpus);
+    std::snprintf(line, sizeof(line),
+                  "step %lld/%lld epoch %lld/%lld loss %.4f lr %.3e tokens/s %.0f MFU %.1f%% step %.1f ms data-wait "
+                  "%.1f%% ETA %s",
+                  static_cast<long long>(step + 1), static_cast<long long>(totalSteps_),
+                  static_cast<long long>(pos.epoch + 1), static_cast<long long>(epochs), loss,
+                  static_cast<double>(schedule_.at(step)), tps, 100.0 * mfu, 1000.0 * stepTime, waitPct,
+                  formatDuration(eta).c_str());
+  } else {
+    std::snprintf(line, sizeof(line),
+                  "step %lld/%lld epoch %lld/%lld loss %.4f acc %.3f lr %.3e samples/s %.0f data-wait %.1f%% ETA %s",
+                  static_cast<long long>(step + 1), static_cast<long long>(totalSteps_),
+                  static_cast<long long>(pos.epoch + 1), static_cast<long long>(epochs), loss, acc,
+                  static_cast<double>(schedule_.at(step)), sps, waitPct, formatDuration(eta).c_str());
+  }
   MT_LOG_INFO << line;
   nlohmann::json j = {{"type", "step"},        {"step", step + 1},
                       {"epoch", pos.epoch},    {"loss", loss},
@@ -459,6 +524,10 @@ void Trainer::logStep(int64_t step, const LossStats& local, double intervalSecon
                       {"samples_per_s", sps},  {"step_time_s", stepTime},
                       {"data_wait_s", intervalSteps > 0 ? waitSeconds / static_cast<double>(intervalSteps) : 0.0},
                       {"time", wallMicros() / 1e6}};
+  if (tokens()) {
+    j["tokens_per_s"] = tps;
+    j["mfu"] = mfu;
+  }
   metrics_.write(j);
 }
 
@@ -523,7 +592,8 @@ int Trainer::run() {
   if (world_->rank() == 0) {
     MT_LOG_INFO << "trained " << totalSteps_ - startStep_ << " steps in " << formatDuration(total.elapsed());
     // Unprefixed, for scripts: the one line a run ends with.
-    std::printf("final test_accuracy=%.4f test_loss=%.4f\n", last.accuracy, last.loss);
+    if (tokens()) std::printf("final test_loss=%.4f\n", last.loss);
+    else std::printf("final test_accuracy=%.4f test_loss=%.4f\n", last.accuracy, last.loss);
     std::fflush(stdout);
     metrics_.write({{"type", "final"}, {"steps", totalSteps_}, {"test_loss", last.loss},
                     {"test_accuracy", last.accuracy}, {"wall_s", total.elapsed()}});

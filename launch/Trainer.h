@@ -16,6 +16,7 @@
 #include "data/ImageDataset.h"
 #include "data/ImageSource.h"
 #include "data/Loader.h"
+#include "data/TokenDataset.h"
 #include "launch/Checkpoint.h"
 #include "launch/Config.h"
 #include "launch/Signals.h"
@@ -85,7 +86,9 @@ class Trainer {
   std::unique_ptr<NodeGroups> groups_;
   std::unique_ptr<H5File> file_;
   std::unique_ptr<ImageDataset> train_, test_;
-  std::unique_ptr<ImageSource> trainSource_;
+  std::unique_ptr<TokenDataset> trainTokens_, testTokens_;
+  std::unique_ptr<BatchSource> trainSource_;
+  bool tokens() const { return s_.model.type == "gpt"; }
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;

@@ -29,7 +29,12 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                        const Tensor& mean, const Tensor& rstd);
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
-                              int64_t validForMean);
+                              int64_t validForMean, int64_t validClasses);
+void attentionForward(Tensor& y, Tensor& att, const Tensor& qkv, int64_t heads);
+void attentionBackward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& att, int64_t heads);
+void addInPlace(Tensor& y, const Tensor& x);
+void addPositional(Tensor& x, const Tensor& wpe);
+void positionalBackward(Tensor& dwpe, const Tensor& dx);
 void embeddingForward(Tensor& y, const Tensor& idx, const Tensor& w);
 void embeddingBackward(Tensor& dw, const Tensor& dy, const Tensor& idx);
 void imageInputForward(Tensor& y, const Tensor& x, float mean, float stddev, ImageOutput out);

@@ -12,11 +12,11 @@ namespace {
 
 template <typename T>
 __global__ void ceRows(const float* z, const T* targets, float* dz, double* rowLoss, int* rowCorrect, int* rowValid,
-                       int* badTarget, int64_t C, float inv) {
+                       int* badTarget, int64_t C, int64_t stride, float inv) {
   __shared__ float red[32];
   __shared__ int argShared;
   const int64_t r = blockIdx.x;
-  const float* zr = z + r * C;
+  const float* zr = z + r * stride;
   const int64_t t = static_cast<int64_t>(targets[r]);
   float mx = -INFINITY;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, zr[c]);
@@ -35,16 +35,19 @@ __global__ void ceRows(const float* z, const T* targets, float* dz, double* rowL
     if (threadIdx.x == 0) atomicExch(badTarget, 1);
     return;
   }
+  // zr[t] is read before the gradient may overwrite it (dz can alias z).
+  const float zt = valid ? zr[t] : 0.f;
+  __syncthreads();
   if (dz) {
-    float* dr = dz + r * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float p = expf(zr[c] - mx - logSum);
-      dr[c] = valid ? (p - (c == t ? 1.f : 0.f)) * inv : 0.f;
+    float* dr = dz + r * stride;
+    for (int64_t c = threadIdx.x; c < stride; c += blockDim.x) {
+      const float p = c < C ? expf(zr[c] - mx - logSum) : 0.f;
+      dr[c] = valid && c < C ? (p - (c == t ? 1.f : 0.f)) * inv : 0.f;
     }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    rowLoss[r] = valid ? static_cast<double>(logSum) - static_cast<double>(zr[t] - mx) : 0.0;
+    rowLoss[r] = valid ? static_cast<double>(logSum) - static_cast<double>(zt - mx) : 0.0;
     rowCorrect[r] = valid && argShared == t ? 1 : 0;
     rowValid[r] = valid ? 1 : 0;
   }
@@ -81,8 +84,9 @@ __global__ void countValid(const int64_t* t64, const int32_t* t32, int64_t N, in
 }  // namespace
 
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
-                              int64_t validForMean) {
-  const int64_t C = logits.dim(-1), N = logits.numel() / C;
+                              int64_t validForMean, int64_t validClasses) {
+  const int64_t stride = logits.dim(-1), N = logits.numel() / stride;
+  const int64_t C = validClasses > 0 ? validClasses : stride;
   Device d = logits.device();
   Tensor tgt = targets.device() == d ? targets : targets.to(d);
   const int64_t* t64 = tgt.dtype() == DType::kI64 ? tgt.data<int64_t>() : nullptr;
@@ -109,11 +113,11 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
     if (t64)
       ceRows<<<static_cast<unsigned>(N), threads, 0, s>>>(logits.data<float>(), t64,
                                                            dlogits ? dlogits->data<float>() : nullptr,
-                                                           rowLoss.data<double>(), correct, valid, bad, C, inv);
+                                                           rowLoss.data<double>(), correct, valid, bad, C, stride, inv);
     else
       ceRows<<<static_cast<unsigned>(N), threads, 0, s>>>(logits.data<float>(), t32,
                                                            dlogits ? dlogits->data<float>() : nullptr,
-                                                           rowLoss.data<double>(), correct, valid, bad, C, inv);
+                                                           rowLoss.data<double>(), correct, valid, bad, C, stride, inv);
   }
   ceReduce<<<1, 256, 0, s>>>(rowLoss.data<double>(), correct, valid, N, out.data<double>());
   checkLaunch();

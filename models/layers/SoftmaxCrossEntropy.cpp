@@ -23,13 +23,15 @@ int64_t countValidTargets(const Tensor& targets) {
 }
 
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
-                              int64_t validForMean) {
-  const int64_t C = logits.dim(-1), N = logits.numel() / C;
+                              int64_t validForMean, int64_t validClasses) {
+  const int64_t stride = logits.dim(-1), N = logits.numel() / stride;
+  const int64_t C = validClasses > 0 ? validClasses : stride;
   MT_CHECK(targets.numel() == N, "cross-entropy: ", N, " rows of logits, ", targets.numel(), " targets");
   MT_CHECK(targets.dtype() == DType::kI64 || targets.dtype() == DType::kI32, "targets must be integer, got ",
            targets.str());
 #ifdef MT_WITH_CUDA
-  if (logits.device().isCuda()) return cuda::softmaxCrossEntropy(logits, targets, dlogits, scale, validForMean);
+  if (logits.device().isCuda())
+    return cuda::softmaxCrossEntropy(logits, targets, dlogits, scale, validForMean, validClasses);
 #endif
   MT_CHECK(logits.device().isCpu(), "softmaxCrossEntropy on ", logits.device().str(), " without CUDA");
   for (int64_t r = 0; r < N; ++r) {
@@ -48,7 +50,7 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
     for (int64_t blk = blo; blk < bhi; ++blk) {
       const int64_t r1 = std::min(N, (blk + 1) * kReduceBlock);
       for (int64_t r = blk * kReduceBlock; r < r1; ++r) {
-        const float* row = z + r * C;
+        const float* row = z + r * stride;
         const int64_t t = targetAt(targets, r);
         float mx = -INFINITY;
         int64_t arg = 0;
@@ -59,7 +61,7 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
         const double logSum = std::log(sum);
         if (t == kIgnoreIndex) {
           if (dz)
-            for (int64_t c = 0; c < C; ++c) dz[r * C + c] = 0.f;
+            for (int64_t c = 0; c < stride; ++c) dz[r * stride + c] = 0.f;
           continue;
         }
         lossPart[static_cast<size_t>(blk)] += logSum - static_cast<double>(row[t] - mx);
@@ -68,8 +70,9 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
         if (dz) {
           for (int64_t c = 0; c < C; ++c) {
             const float p = static_cast<float>(std::exp(static_cast<double>(row[c] - mx) - logSum));
-            dz[r * C + c] = (p - (c == t ? 1.f : 0.f)) * inv;
+            dz[r * stride + c] = (p - (c == t ? 1.f : 0.f)) * inv;
           }
+          for (int64_t c = C; c < stride; ++c) dz[r * stride + c] = 0.f;
         }
       }
     }

@@ -22,8 +22,10 @@ constexpr int64_t kIgnoreIndex = -100;  // PyTorch's default ignore_index
 // logits [N, C] f32, targets [N] i64 or i32. dlogits may be null (evaluation). `valid` is the
 // number of valid rows the mean is taken over: the local count normally, or a global count
 // when a mean over several ranks or micro-batches is wanted.
+// validClasses < C: only the first validClasses columns are classes (a vocabulary padded for
+// alignment); the rest take no part in the softmax and get zero gradient. dlogits may alias logits.
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
-                              int64_t validForMean = -1);
+                              int64_t validForMean = -1, int64_t validClasses = -1);
 int64_t countValidTargets(const Tensor& targets);
 
 }  // namespace mt

@@ -7,6 +7,7 @@
 
 #include "data/H5File.h"
 #include "models/ModelConfig.h"
+#include "models/gpt/Gpt.h"
 #include "models/layers/Activation.h"
 #include "models/layers/Conv2d.h"
 #include "models/layers/Dropout.h"
@@ -235,6 +236,45 @@ TEST_P(TrainParity, TwentySteps) {
 }
 INSTANTIATE_TEST_SUITE_P(Models, TrainParity,
                          ::testing::Values("mlp_adamw", "mlp_sgd", "cnn_nhwc_sgd", "cnn_nchw_adamw"));
+
+// GPT-2 (2 layers, 4 heads, 32 channels, vocabulary 65 padded to 128): 10 AdamW steps.
+TEST_F(Parity, GptTenSteps) {
+  Tensor cfgT = get("/gpt/losses");  // presence
+  GptConfig c;
+  c.vocab = 65, c.paddedVocab = 128, c.maxT = 16, c.layers = 2, c.heads = 4, c.channels = 32;
+  c.classifierChunk = 24;  // several chunks, one partial
+  Gpt model(c);
+  ParamTable& params = model.params();
+  params.materialize(Device::cpu());
+  for (size_t i = 0; i < params.size(); ++i) params[i].value.copyFrom(get("/gpt/init/" + params[i].name));
+  OptimConfig oc;
+  oc.weightDecay = 0.1f;
+  oc.beta2 = 0.95f;
+  auto opt = makeOptimizer(oc, segmentsOf(params));
+  Tensor tokens = get("/gpt/tokens"), losses = get("/gpt/losses");
+  const int64_t steps = tokens.dim(0), B = tokens.dim(1), T = tokens.dim(2) - 1;
+  double worst = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    Batch b;
+    b.inputs = Tensor::empty({B, T}, DType::kI32);
+    b.targets = Tensor::empty({B, T}, DType::kI64);
+    for (int64_t i = 0; i < B; ++i)
+      for (int64_t t = 0; t < T; ++t) {
+        b.inputs.data<int32_t>()[i * T + t] = tokens.data<int32_t>()[(s * B + i) * (T + 1) + t];
+        b.targets.data<int64_t>()[i * T + t] = tokens.data<int32_t>()[(s * B + i) * (T + 1) + t + 1];
+      }
+    Context ctx;
+    params.zeroGrads();
+    LossStats st = model.forward(b, ctx);
+    model.backward(ctx);
+    opt->step(1e-3f);
+    const double ref = losses.data<double>()[s];
+    const double err = std::fabs(st.meanLoss() - ref) / ref;
+    worst = std::max(worst, err);
+    EXPECT_LT(err, kTol) << "step " << s;
+  }
+  std::printf("gpt: worst loss relative error over %lld steps %.2e\n", static_cast<long long>(steps), worst);
+}
 
 }  // namespace
 }  // namespace mt

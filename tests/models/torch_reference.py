@@ -227,6 +227,75 @@ def train_case(h5, name, model, layout, opt_kind, steps=20, batch=16, clip=0.0):
     g.attrs["clip"] = clip
 
 
+class TorchGpt(torch.nn.Module):
+    """GPT-2 as in models/gpt/Gpt.h (nn.Linear layouts, tied embeddings, padded vocabulary)."""
+
+    def __init__(self, V, Vp, T, L, H, C):
+        super().__init__()
+        self.V, self.H = V, H
+        self.wte = torch.nn.Parameter(torch.randn(Vp, C) * 0.02)
+        self.wpe = torch.nn.Parameter(torch.randn(T, C) * 0.01)
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(L):
+            b = torch.nn.Module()
+            b.ln_1 = torch.nn.LayerNorm(C)
+            b.c_attn = torch.nn.Linear(C, 3 * C)
+            b.c_proj = torch.nn.Linear(C, C)
+            b.ln_2 = torch.nn.LayerNorm(C)
+            b.c_fc = torch.nn.Linear(C, 4 * C)
+            b.mlp_proj = torch.nn.Linear(4 * C, C)
+            self.blocks.append(b)
+        self.ln_f = torch.nn.LayerNorm(C)
+
+    def forward(self, idx):
+        B, T = idx.shape
+        x = self.wte[idx] + self.wpe[:T]
+        for b in self.blocks:
+            q, k, v = b.c_attn(b.ln_1(x)).split(x.shape[-1], dim=2)
+            sh = lambda t: t.view(B, T, self.H, -1).transpose(1, 2)
+            q, k, v = sh(q), sh(k), sh(v)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+            y = torch.softmax(att, dim=-1) @ v
+            x = x + b.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+            x = x + b.mlp_proj(F.gelu(b.c_fc(b.ln_2(x)), approximate="tanh"))
+        return self.ln_f(x) @ self.wte.t()
+
+    def export(self):
+        out = {"wte": self.wte, "wpe": self.wpe, "ln_f.weight": self.ln_f.weight, "ln_f.bias": self.ln_f.bias}
+        for i, b in enumerate(self.blocks):
+            for ours, mod in (("ln_1", b.ln_1), ("attn.c_attn", b.c_attn), ("attn.c_proj", b.c_proj), ("ln_2", b.ln_2),
+                              ("mlp.c_fc", b.c_fc), ("mlp.c_proj", b.mlp_proj)):
+                out[f"h{i}.{ours}.weight"] = mod.weight
+                out[f"h{i}.{ours}.bias"] = mod.bias
+        return {k: t2n(v) for k, v in out.items()}
+
+
+def gpt_case(h5, steps=10):
+    V, Vp, T, L, H, C, B = 65, 128, 16, 2, 4, 32, 4
+    torch.manual_seed(5)
+    model = TorchGpt(V, Vp, T, L, H, C)
+    g = h5.create_group("gpt")
+    for k, v in model.export().items():
+        g.create_dataset("init/" + k, data=v)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    data = torch.randint(0, V, (steps, B, T + 1))
+    losses = []
+    for s in range(steps):
+        opt.zero_grad()
+        logits = model(data[s, :, :-1])
+        loss = F.cross_entropy(logits[..., :V].reshape(-1, V), data[s, :, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    g.create_dataset("tokens", data=t2n(data).astype(np.int32))
+    g.create_dataset("losses", data=np.array(losses, dtype=np.float64))
+    g.attrs["config"] = np.array([V, Vp, T, L, H, C, B])
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "parity_ref.h5"
     with h5py.File(out, "w") as h5:
@@ -242,6 +311,7 @@ def main():
         torch.manual_seed(3)
         cnn = Cnn((8, 16), 32)
         train_case(h5, "cnn_nchw_adamw", cnn, "nchw", "adamw", clip=0.5)
+        gpt_case(h5)
     print(f"wrote {out} (torch {torch.__version__})")
 
 

@@ -1,0 +1,270 @@
+#include "models/gpt/Gpt.h"
+
+#include <cmath>
+
+#include "models/Init.h"
+#include "models/layers/Attention.h"
+#include "models/layers/Embedding.h"
+
+#ifdef MT_WITH_CUDA
+#include "core/cuda/CudaRuntime.h"
+#include "models/kernels/CudaLayers.h"
+#endif
+
+namespace mt {
+
+GptConfig GptConfig::preset(const std::string& name) {
+  GptConfig c;
+  if (name == "d6") c.layers = 6, c.heads = 6, c.channels = 384;
+  else if (name == "d12") c.layers = 12, c.heads = 12, c.channels = 768;
+  else if (name == "d24") c.layers = 24, c.heads = 16, c.channels = 1024;
+  else if (name == "d36") c.layers = 36, c.heads = 20, c.channels = 1280;
+  else if (name == "d48") c.layers = 48, c.heads = 25, c.channels = 1600;
+  else throw ConfigError("model.gpt_preset: unknown preset '" + name + "' (d6, d12, d24, d36, d48)");
+  return c;
+}
+
+int64_t GptConfig::numParams() const {
+  const int64_t C = channels, L = layers;
+  const int64_t perBlock = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C);
+  return paddedVocab * C + maxT * C + L * perBlock + 2 * C;
+}
+
+double GptConfig::flopsPerToken(int64_t T) const {
+  return 6.0 * static_cast<double>(numParams()) + 6.0 * static_cast<double>(layers * channels * T);
+}
+
+Gpt::Gpt(const GptConfig& cfg) : cfg_(cfg) {
+  MT_REQUIRE(cfg.channels % cfg.heads == 0, ConfigError, "model: channels (", cfg.channels,
+             ") must be a multiple of heads (", cfg.heads, ")");
+  MT_REQUIRE(cfg.paddedVocab >= cfg.vocab, ConfigError, "model: padded vocabulary smaller than the vocabulary");
+  const int64_t C = cfg.channels;
+  params_.beginUnit(0);
+  wte_ = &params_.add("wte", {cfg.paddedVocab, C}, true);
+  wpe_ = &params_.add("wpe", {cfg.maxT, C}, true);
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    params_.beginUnit(static_cast<int>(l) + 1);
+    Block b;
+    const std::string p = "h" + std::to_string(l) + ".";
+    b.ln1 = std::make_unique<LayerNorm>(C);
+    b.qkv = std::make_unique<Linear>(C, 3 * C);
+    b.proj = std::make_unique<Linear>(C, C);
+    b.ln2 = std::make_unique<LayerNorm>(C);
+    b.fc = std::make_unique<Linear>(C, 4 * C);
+    b.gelu = std::make_unique<GELU>(GeluKind::kTanh);
+    b.fcProj = std::make_unique<Linear>(4 * C, C);
+    b.ln1->registerParams(params_, p + "ln_1.");
+    b.qkv->registerParams(params_, p + "attn.c_attn.");
+    b.proj->registerParams(params_, p + "attn.c_proj.");
+    b.ln2->registerParams(params_, p + "ln_2.");
+    b.fc->registerParams(params_, p + "mlp.c_fc.");
+    b.fcProj->registerParams(params_, p + "mlp.c_proj.");
+    blocks_.push_back(std::move(b));
+  }
+  params_.beginUnit(static_cast<int>(cfg.layers) + 1);
+  lnf_ = std::make_unique<LayerNorm>(C);
+  lnf_->registerParams(params_, "ln_f.");
+}
+
+void Gpt::initParams(uint64_t seed) {
+  Rng rng(seed, 0x6B7);
+  const float residualStd = 0.02f / std::sqrt(2.f * static_cast<float>(cfg_.layers));
+  initNormal(wte_->value, rng, 0.f, 0.02f);
+  initNormal(wpe_->value, rng, 0.f, 0.01f);
+  auto linear = [&](Linear& l, float stddev) {
+    initNormal(l.weight()->value, rng, 0.f, stddev);
+    initConstant(l.bias()->value, 0.f);
+  };
+  for (auto& b : blocks_) {
+    b.ln1->initParams(rng);
+    linear(*b.qkv, 0.02f);
+    linear(*b.proj, residualStd);
+    b.ln2->initParams(rng);
+    linear(*b.fc, 0.02f);
+    linear(*b.fcProj, residualStd);
+  }
+  lnf_->initParams(rng);
+}
+
+void Gpt::hookBefore(int unit, bool backward) {
+  if (!hooks_) return;
+  if (backward) hooks_->beforeUnitBackward(unit);
+  else hooks_->beforeUnitForward(unit);
+}
+
+void Gpt::hookAfter(int unit, bool backward) {
+  if (!hooks_) return;
+  if (backward) hooks_->afterUnitBackward(unit);
+  else hooks_->afterUnitForward(unit);
+}
+
+LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
+  const Tensor& tokens = batch.inputs;
+  MT_REQUIRE(tokens.ndim() == 2, DataError, "gpt: tokens must be [B, T], got ", tokens.str());
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.channels, N = B * T;
+  MT_REQUIRE(T <= cfg_.maxT, ConfigError, "gpt: sequence length ", T, " exceeds model.max_seq_len ", cfg_.maxT);
+  const Device dev = tokens.device();
+  const int64_t valid = validForMean >= 0 ? validForMean
+                                          : countValidTargets(batch.targets.device().isCpu() ? batch.targets
+                                                                                             : batch.targets.to(Device::cpu()));
+  hookBefore(0, false);
+  Tensor x = Tensor::empty({B, T, C}, DType::kF32, dev);
+  embeddingForward(x, tokens, wte_->value);
+  addPositional(x, wpe_->value.narrow(0, 0, T));
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = blocks_[l];
+    hookBefore(static_cast<int>(l) + 1, false);
+    Tensor h1 = b.ln1->forward(x, ctx);
+    Tensor qkv = b.qkv->forward(h1, ctx);
+    Tensor y = Tensor::empty({B, T, C}, DType::kF32, dev);
+    Tensor att = Tensor::empty({B, cfg_.heads, T, T}, DType::kF32, dev);
+    attentionForward(y, att, qkv, cfg_.heads);
+    if (ctx.training) {
+      b.att = att;
+      b.qkvOut = qkv;
+    }
+    Tensor x1 = b.proj->forward(y, ctx);
+    addInPlace(x1, x);
+    Tensor h2 = b.ln2->forward(x1, ctx);
+    Tensor f = b.fc->forward(h2, ctx);
+    Tensor g = b.gelu->forward(f, ctx);
+    Tensor x2 = b.fcProj->forward(g, ctx);
+    addInPlace(x2, x1);
+    x = x2;
+    hookAfter(static_cast<int>(l) + 1, false);
+  }
+  hookBefore(static_cast<int>(blocks_.size()) + 1, false);
+  Tensor xf = lnf_->forward(x, ctx).view({N, C});
+  hookAfter(static_cast<int>(blocks_.size()) + 1, false);
+
+  // Classifier + loss, chunk by chunk; the logits buffer becomes the gradient in place.
+  bool lowPrecision = false;
+#ifdef MT_WITH_CUDA
+  lowPrecision = dev.isCuda() && CudaRuntime::require().matmulPrecision() != MatmulPrecision::kF32;
+#endif
+  if (ctx.training)
+    dlogits_ = Tensor::empty({N, cfg_.paddedVocab}, lowPrecision ? DType::kBF16 : DType::kF32, dev);
+  Tensor targets = batch.targets.device() == dev ? batch.targets : batch.targets.to(dev);
+  Tensor flatTargets = targets.view({N});
+  LossStats total;
+  for (int64_t r0 = 0; r0 < N; r0 += cfg_.classifierChunk) {
+    const int64_t rows = std::min(cfg_.classifierChunk, N - r0);
+    Tensor z = Tensor::empty({rows, cfg_.paddedVocab}, DType::kF32, dev);
+    linearForward(z, xf.narrow(0, r0, rows), wte_->value, nullptr);
+    LossStats s = softmaxCrossEntropy(z, flatTargets.narrow(0, r0, rows), ctx.training ? &z : nullptr, ctx.lossScale,
+                                      valid, cfg_.vocab);
+    total.lossSum += s.lossSum;
+    total.correct += s.correct;
+    total.count += s.count;
+    if (ctx.training) {
+      Tensor dst = dlogits_.narrow(0, r0, rows);
+#ifdef MT_WITH_CUDA
+      if (lowPrecision) {
+        cuda::castTensor(dst, z);
+        continue;
+      }
+#endif
+      dst.copyFrom(z);
+    }
+  }
+  if (ctx.training) {
+    tokens_ = tokens;
+    xf_ = xf;
+    B_ = B;
+    T_ = T;
+  }
+  hookAfter(0, false);
+  return total;
+}
+
+void Gpt::backward(Context& ctx) {
+  MT_CHECK(dlogits_.defined(), "gpt backward() without a training forward()");
+  const int64_t C = cfg_.channels, N = B_ * T_;
+  const Device dev = xf_.device();
+  hookBefore(0, true);
+  hookBefore(static_cast<int>(blocks_.size()) + 1, true);
+  Tensor dxf = Tensor::empty({N, C}, DType::kF32, dev);
+  for (int64_t r0 = 0; r0 < N; r0 += cfg_.classifierChunk) {
+    const int64_t rows = std::min(cfg_.classifierChunk, N - r0);
+    Tensor dz = dlogits_.narrow(0, r0, rows);
+    if (dz.dtype() != DType::kF32) {
+#ifdef MT_WITH_CUDA
+      Tensor f = Tensor::empty({rows, cfg_.paddedVocab}, DType::kF32, dev);
+      cuda::castTensor(f, dz);
+      dz = f;
+#endif
+    }
+    Tensor dxChunk = dxf.narrow(0, r0, rows);
+    linearBackward(&dxChunk, wte_->grad, nullptr, dz, xf_.narrow(0, r0, rows), wte_->value);
+  }
+  dlogits_ = Tensor();
+  xf_ = Tensor();
+  Tensor dx = lnf_->backward(dxf.view({B_, T_, C}), ctx);
+  if (hooks_)
+    for (Param* p : lnf_->params()) hooks_->gradReady(*p);
+  hookAfter(static_cast<int>(blocks_.size()) + 1, true);
+  for (size_t li = blocks_.size(); li-- > 0;) {
+    Block& b = blocks_[li];
+    hookBefore(static_cast<int>(li) + 1, true);
+    // x2 = x1 + fcProj(gelu(fc(ln2(x1)))): dx1 = dx + d(mlp path)
+    Tensor dg = b.fcProj->backward(dx, ctx);
+    Tensor df = b.gelu->backward(dg, ctx);
+    Tensor dh2 = b.fc->backward(df, ctx);
+    Tensor dx1 = b.ln2->backward(dh2, ctx);
+    addInPlace(dx1, dx);
+    // x1 = x + proj(attn(qkv(ln1(x))))
+    Tensor dy = b.proj->backward(dx1, ctx);
+    Tensor dqkv = Tensor::empty(b.qkvOut.shape(), DType::kF32, dev);
+    attentionBackward(dqkv, dy, b.qkvOut, b.att, cfg_.heads);
+    b.att = Tensor();
+    b.qkvOut = Tensor();
+    Tensor dh1 = b.qkv->backward(dqkv, ctx);
+    Tensor dx0 = b.ln1->backward(dh1, ctx);
+    addInPlace(dx0, dx1);
+    dx = dx0;
+    if (hooks_) {
+      for (Module* m : {static_cast<Module*>(b.fcProj.get()), static_cast<Module*>(b.fc.get()),
+                        static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.proj.get()),
+                        static_cast<Module*>(b.qkv.get()), static_cast<Module*>(b.ln1.get())})
+        for (Param* p : m->params()) hooks_->gradReady(*p);
+    }
+    hookAfter(static_cast<int>(li) + 1, true);
+  }
+  embeddingBackward(wte_->grad, dx, tokens_);
+  Tensor dwpe = wpe_->grad.narrow(0, 0, T_);
+  positionalBackward(dwpe, dx);
+  tokens_ = Tensor();
+  if (hooks_) {
+    hooks_->gradReady(*wpe_);
+    hooks_->gradReady(*wte_);
+  }
+  hookAfter(0, true);
+}
+
+int64_t Gpt::activationBytes() const {
+  int64_t b = dlogits_.defined() ? static_cast<int64_t>(dlogits_.nbytes()) : 0;
+  for (const auto& blk : blocks_) {
+    b += blk.ln1->cachedBytes() + blk.qkv->cachedBytes() + blk.proj->cachedBytes() + blk.ln2->cachedBytes() +
+         blk.fc->cachedBytes() + blk.gelu->cachedBytes() + blk.fcProj->cachedBytes();
+    if (blk.att.defined()) b += static_cast<int64_t>(blk.att.nbytes() + blk.qkvOut.nbytes());
+  }
+  return b + lnf_->cachedBytes();
+}
+
+void Gpt::clearActivations() {
+  for (auto& blk : blocks_) {
+    for (Module* m : {static_cast<Module*>(blk.ln1.get()), static_cast<Module*>(blk.qkv.get()),
+                      static_cast<Module*>(blk.proj.get()), static_cast<Module*>(blk.ln2.get()),
+                      static_cast<Module*>(blk.fc.get()), static_cast<Module*>(blk.gelu.get()),
+                      static_cast<Module*>(blk.fcProj.get())})
+      m->clearCache();
+    blk.att = Tensor();
+    blk.qkvOut = Tensor();
+  }
+  lnf_->clearCache();
+  dlogits_ = Tensor();
+  xf_ = Tensor();
+  tokens_ = Tensor();
+}
+
+}  // namespace mt

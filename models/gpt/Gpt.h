@@ -1,0 +1,73 @@
+#pragma once
+// GPT-2 (Radford et al. 2019), as in llm.c: learned positions, pre-LayerNorm blocks, tanh-GELU MLP,
+// tied input/output embeddings, vocabulary padded (50257 -> 50304) so GEMMs are aligned; the padded
+// rows take no part in the softmax.
+//   x0 = wte[tokens] + wpe[:T]
+//   block l:  h = x + proj(attn(qkv(ln1(x)))),   x' = h + fc2(gelu(fc1(ln2(h))))
+//   logits = lnf(x_L) wte^T,   loss = mean cross-entropy over valid targets
+// The classifier is fused with the loss: logits are made chunk by chunk, turned in place into their
+// gradient (softmax - onehot) / N, and kept only as that gradient (bf16 on the GPU in reduced
+// precision), so f32 logits are never held twice. Backward accumulates into Param::grad.
+// Init (GPT-2): N(0, 0.02) weights, N(0, 0.01) positions, residual projections N(0, 0.02/sqrt(2L)),
+// zero biases, unit LayerNorm gains.
+//
+// Sharding units: 0 = the embeddings (wte is needed again by the classifier, so unit 0 stays open
+// around the whole pass), 1..L = the blocks, L+1 = the final LayerNorm.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/Model.h"
+#include "models/layers/Activation.h"
+#include "models/layers/LayerNorm.h"
+#include "models/layers/Linear.h"
+
+namespace mt {
+
+struct GptConfig {
+  int64_t vocab = 50257, paddedVocab = 50304;
+  int64_t maxT = 1024;
+  int64_t layers = 12, heads = 12, channels = 768;
+  int64_t classifierChunk = 8192;  // rows of logits made at once
+  // d6/d12/d24/d36/d48 (GPT-2 124M is d12, 350M d24, 774M d36, 1558M d48).
+  static GptConfig preset(const std::string& name);
+  int64_t numParams() const;
+  // Training FLOPs per token (llm.c): 6N + 6 L C T.
+  double flopsPerToken(int64_t T) const;
+};
+
+class Gpt final : public Model {
+ public:
+  explicit Gpt(const GptConfig& cfg);
+  std::string name() const override { return "gpt"; }
+  const GptConfig& config() const { return cfg_; }
+  // batch.inputs: tokens [B, T] (i32); batch.targets: next tokens [B, T] (i32/i64, -100 = ignore).
+  LossStats forward(const Batch& batch, Context& ctx, int64_t validForMean = -1) override;
+  void backward(Context& ctx) override;
+  void initParams(uint64_t seed) override;
+  int64_t activationBytes() const override;
+  void clearActivations() override;
+
+ private:
+  struct Block {
+    std::unique_ptr<LayerNorm> ln1, ln2;
+    std::unique_ptr<Linear> qkv, proj, fc, fcProj;
+    std::unique_ptr<GELU> gelu;
+    Tensor att;  // softmax probabilities [B, H, T, T] (training)
+    Tensor qkvOut;
+  };
+  void hookBefore(int unit, bool backward);
+  void hookAfter(int unit, bool backward);
+
+  GptConfig cfg_;
+  Param* wte_ = nullptr;
+  Param* wpe_ = nullptr;
+  std::vector<Block> blocks_;
+  std::unique_ptr<LayerNorm> lnf_;
+  // Training state between forward and backward.
+  Tensor tokens_, xf_, dlogits_;
+  int64_t B_ = 0, T_ = 0;
+};
+
+}  // namespace mt
