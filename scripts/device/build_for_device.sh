@@ -23,4 +23,5 @@ for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libhdf5_serial.so.
   if [[ -n "$p" ]]; then xz -9 -c "$(readlink -f "$p")" >"dist/fallback-lib/$lib.xz"; fi
 done
 cp /usr/share/datasets/fashion-mnist/*.gz dist/fashion-idx/
+/usr/bin/python3 tests/models/torch_reference.py dist/parity_ref.h5 >/dev/null
 du -sh dist dist/*

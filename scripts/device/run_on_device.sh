@@ -25,6 +25,7 @@ if [[ ! -f dist/fashion_mnist.h5 ]]; then
   python3 scripts/data/fashion_mnist_to_hdf5 --src dist/fashion-idx --out dist/fashion_mnist.h5 >/dev/null
 fi
 export TRAINER="$PWD/dist/bin/trainer" FASHION_H5="$PWD/dist/fashion_mnist.h5" SOURCE_DIR="$PWD"
+export PARITY_REF="$PWD/dist/parity_ref.h5"
 what="${1:-probe}"
 shift || true
 case "$what" in
