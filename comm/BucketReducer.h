@@ -30,12 +30,21 @@ class BucketReducer {
  public:
   virtual ~BucketReducer() = default;
   virtual std::string name() const = 0;
+  // The training step whose gradients the next launches carry (0-based; resumed runs start later).
+  virtual void beginStep(int64_t step) {}
   virtual void launch(const Bucket& bucket, Tensor grads) = 0;
   virtual void wait(const Bucket& bucket, Tensor grads) = 0;
-  // The Work of the bucket's (last) collective, for traces; may be null.
-  virtual std::shared_ptr<Work> lastWork(int bucket) { return nullptr; }
+  // The Work of the bucket's (last) collective, for traces; null before its first launch.
+  std::shared_ptr<Work> lastWork(int bucket) const;
   // Totals since the last call (metrics).
-  virtual CompressionStats takeStats() { return {}; }
+  CompressionStats takeStats();
+
+ protected:
+  void setWork(int bucket, std::shared_ptr<Work> work);
+  CompressionStats stats_;
+
+ private:
+  std::vector<std::shared_ptr<Work>> works_;
 };
 
 // One all-reduce (average) per bucket.
@@ -45,13 +54,9 @@ class AllReduceReducer final : public BucketReducer {
   std::string name() const override { return "none"; }
   void launch(const Bucket& bucket, Tensor grads) override;
   void wait(const Bucket& bucket, Tensor grads) override;
-  std::shared_ptr<Work> lastWork(int bucket) override;
-  CompressionStats takeStats() override;
 
  private:
   Communicator& comm_;
-  std::vector<std::shared_ptr<Work>> works_;
-  CompressionStats stats_;
 };
 
 }  // namespace mt

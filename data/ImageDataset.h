@@ -27,6 +27,8 @@ class ImageDataset {
   // Loads the whole split into host memory (the `memory` loader mode); later reads come from RAM.
   void loadIntoMemory();
   bool inMemory() const { return !memImages_.empty(); }
+  const std::vector<uint8_t>& memoryImages() const { return memImages_; }  // [N,H,W,C] after loadIntoMemory
+  const std::vector<int64_t>& memoryLabels() const { return memLabels_; }
 
  private:
   std::string file_, split_;

@@ -67,6 +67,7 @@ void Loader::seek(int64_t seq) {
 }
 
 void Loader::workerLoop(int) {
+  if (opt_.workerInit) opt_.workerInit();
   ChunkCache cache;
   const int64_t window = static_cast<int64_t>(opt_.numWorkers) * opt_.prefetchFactor;
   while (true) {
@@ -87,6 +88,11 @@ void Loader::workerLoop(int) {
     }
     produced_.notify_all();
   }
+}
+
+void Loader::advance() {
+  MT_CHECK(opt_.numWorkers == 0, "Loader::advance() with worker threads");
+  ++consumed_;
 }
 
 Batch Loader::next() {

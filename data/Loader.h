@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,9 @@ struct LoaderOptions {
   bool shuffle = true;
   bool dropLast = true;    // drop the epoch's last incomplete batch
   uint64_t seed = 0;
+  // Run first on every worker thread (the trainer selects its GPU there: pinned and managed
+  // allocations from the workers belong to that device's context).
+  std::function<void()> workerInit;
 };
 
 struct LoaderPosition {
@@ -59,6 +63,10 @@ class Loader {
   // Batch number position(); blocks until built. Rethrows an error raised while building it.
   Batch next();
   int64_t position() const { return consumed_; }
+  // Consumes batch position() without building it (a caller that gathers by batchIndices itself;
+  // only without workers).
+  void advance();
+  int numWorkers() const { return opt_.numWorkers; }
   // Seconds the last next() waited for its batch (the step's data-wait time).
   double lastWaitSeconds() const { return lastWait_; }
   // The sample indices of batch `seq` on this rank (tests, resume checks).

@@ -25,6 +25,8 @@ class TokenDataset {
   // inputs [T] and targets [T] of window `index`.
   void read(int64_t index, int32_t* inputs, int64_t* targets, ChunkCache* cache) const;
   void loadIntoMemory();
+  bool inMemory() const { return !mem_.empty(); }
+  const std::vector<int32_t>& memoryTokens() const { return mem_; }  // after loadIntoMemory
 
  private:
   std::string file_, split_;

@@ -46,6 +46,7 @@ const std::vector<ConfigKey>& configSchema() {
       {"data.train_split", "train", "group holding the training images/labels"},
       {"data.test_split", "test", "group holding the test images/labels"},
       {"data.mode", "memory", "memory: load the split into RAM once; stream: read batches from the file"},
+      {"data.feed", "pinned", "cuda: pinned (copy stream from page-locked memory), uvm (managed memory, prefetched) or device (split resident on the GPU; needs data.mode = memory)"},
       {"data.num_workers", "2", "loader worker threads per rank (0: load in the training thread)"},
       {"data.prefetch_factor", "2", "batches in flight per worker"},
       {"data.shuffle", "true", "shuffle the training set every epoch"},
@@ -83,6 +84,15 @@ const std::vector<ConfigKey>& configSchema() {
       {"dist.timeout_s", "300", "collective timeout in seconds (MT_COMM_TIMEOUT_S overrides)"},
       {"dist.fingerprint", "false", "check that all ranks issue the same collective (debug; slow)"},
       {"dist.health_monitor", "true", "detect killed ranks at once through a TCP connection to rank 0"},
+      // compression
+      {"compression.method", "none", "data-parallel gradient compression: none, fp16, bf16, powersgd or topk"},
+      {"compression.rank", "4", "powersgd: rank of the low-rank approximation"},
+      {"compression.start_iter", "10", "powersgd, topk: steps of uncompressed all-reduce before compressing"},
+      {"compression.min_compression_rate", "2", "powersgd: compress a matrix only when it saves this factor"},
+      {"compression.warm_start", "true", "powersgd: start each step's power iteration from last step's Q"},
+      {"compression.error_feedback", "true", "powersgd, topk: add what compression left out to the next step"},
+      {"compression.topk_fraction", "0.01", "topk: fraction of each bucket's entries sent"},
+      {"compression.topk_warmup_steps", "0", "topk: steps after start_iter over which the fraction falls geometrically from 1 to topk_fraction"},
       // sharding
       {"sharding.strategy", "no_shard", "no_shard (data parallel), full_shard, shard_grad_op or hybrid_shard"},
       {"sharding.offload", "none", "none, or cpu: master shards and optimizer state in host memory, step on the CPU"},

@@ -67,6 +67,9 @@ Settings Settings::fromConfig(const Config& c) {
   s.trainSplit = c.str("data.train_split");
   s.testSplit = c.str("data.test_split");
   s.dataMode = c.choice("data.mode", {"memory", "stream"});
+  parseFeedMode(c.choice("data.feed", {"pinned", "uvm", "device"}), &s.feed);
+  if (s.feed == FeedMode::kDevice && s.dataMode != "memory")
+    c.fail("data.feed", "device needs data.mode = memory (the split is loaded once, then copied to the GPU)");
   const std::string lock = c.choice("data.file_locking", {"auto", "on", "off"});
   s.locking = lock == "on" ? FileLocking::kOn : lock == "off" ? FileLocking::kOff : FileLocking::kAuto;
   s.loader.numWorkers = static_cast<int>(c.i64("data.num_workers"));
@@ -138,6 +141,21 @@ Settings Settings::fromConfig(const Config& c) {
   s.timeout = std::chrono::seconds(timeout);
   s.fingerprint = c.flag("dist.fingerprint") || envInt(EnvParam::kFingerprint) != 0;
   s.healthMonitor = c.flag("dist.health_monitor");
+  CompressionOptions& co = s.compression;
+  co.method = parseCompressionMethod(c.choice("compression.method", {"none", "fp16", "bf16", "powersgd", "topk"}));
+  co.rank = static_cast<int>(c.i64("compression.rank"));
+  if (co.rank < 1) c.fail("compression.rank", "must be >= 1");
+  co.startIter = c.i64("compression.start_iter");
+  if (co.startIter < 0) c.fail("compression.start_iter", "must be >= 0");
+  co.minCompressionRate = c.f64("compression.min_compression_rate");
+  if (!(co.minCompressionRate >= 1.0)) c.fail("compression.min_compression_rate", "must be >= 1");
+  co.warmStart = c.flag("compression.warm_start");
+  co.errorFeedback = c.flag("compression.error_feedback");
+  co.topkFraction = c.f64("compression.topk_fraction");
+  if (!(co.topkFraction > 0.0 && co.topkFraction <= 1.0)) c.fail("compression.topk_fraction", "must be in (0, 1]");
+  co.topkWarmupSteps = c.i64("compression.topk_warmup_steps");
+  if (co.topkWarmupSteps < 0) c.fail("compression.topk_warmup_steps", "must be >= 0");
+  co.seed = s.seed;
   if (!parseShardStrategy(c.choice("sharding.strategy", {"no_shard", "full_shard", "shard_grad_op", "hybrid_shard"}),
                           &s.sharding.strategy))
     c.fail("sharding.strategy", "unknown strategy");
@@ -148,6 +166,9 @@ Settings Settings::fromConfig(const Config& c) {
   parseDType(c.choice("sharding.reduce_dtype", {"f32", "bf16"}), &s.sharding.reduceDtype);
   if (s.sharding.offloadCpu && s.sharding.strategy == ShardStrategy::kNoShard)
     c.fail("sharding.offload", "needs a sharded strategy (full_shard, shard_grad_op or hybrid_shard)");
+  if (co.method != CompressionMethod::kNone && s.sharding.strategy != ShardStrategy::kNoShard)
+    c.fail("compression.method", "compresses the data-parallel all-reduce; sharded strategies reduce-scatter "
+                                 "uncompressed (use sharding.reduce_dtype = bf16 to halve their traffic)");
   s.checkpointDir = c.str("checkpoint.dir");
   if (s.checkpointDir.empty()) s.checkpointDir = s.runDir + "/checkpoints";
   s.checkpointInterval = c.i64("checkpoint.interval");
@@ -163,6 +184,8 @@ Settings Settings::fromConfig(const Config& c) {
   s.bindCpus = c.flag("topo.bind_cpus");
   s.nodeRanks = static_cast<int>(c.i64("topo.node_ranks"));
   if (s.nodeRanks < 0) c.fail("topo.node_ranks", "must be >= 0");
+  if (s.hierarchical && co.method != CompressionMethod::kNone)
+    c.fail("compression.method", "cannot be combined with topo.hierarchical (choose one)");
   return s;
 }
 

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <string>
 
+#include "comm/Compression.h"
 #include "comm/DataParallel.h"
+#include "data/DeviceFeed.h"
 #include "data/H5File.h"
 #include "data/Loader.h"
 #include "launch/Config.h"
@@ -29,6 +31,7 @@ struct Settings {
   GptConfig gpt;  // model.type = gpt
   // data
   std::string dataPath, trainSplit, testSplit, dataMode;
+  FeedMode feed = FeedMode::kPinned;
   FileLocking locking = FileLocking::kAuto;
   LoaderOptions loader;  // batchSize is filled in per rank
   // train
@@ -47,6 +50,7 @@ struct Settings {
   DataParallelOptions dp;
   std::chrono::seconds timeout{300};
   bool fingerprint = false, healthMonitor = true;
+  CompressionOptions compression;
   // sharding
   ShardingOptions sharding;
   // checkpoint

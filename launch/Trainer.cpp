@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <thread>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "comm/Compression.h"
 #include "comm/MpiCommunicator.h"
 #include "core/EnvParams.h"
 #include "core/Log.h"
@@ -30,7 +32,28 @@ namespace mt {
 
 namespace fs = std::filesystem;
 
-Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), s_(Settings::fromConfig(cfg)), mpi_(mpi) {
+// GPU work is asynchronous: the compute time of a step is measured with events on the compute
+// stream, for the last step of each log interval (read when logStep synchronises anyway).
+struct Trainer::GpuTimers {
+#ifdef MT_WITH_CUDA
+  CudaEvent start{true}, end{true};
+  bool recorded = false;
+#endif
+};
+
+double Trainer::lastGpuComputeSeconds() {
+#ifdef MT_WITH_CUDA
+  if (gpuTimers_ && gpuTimers_->recorded) {
+    gpuTimers_->end.synchronize();
+    return gpuTimers_->end.elapsedMs(gpuTimers_->start) / 1000.0;
+  }
+#endif
+  return 0.0;
+}
+
+Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi)
+    : cfg_(cfg), s_(Settings::fromConfig(cfg)), mpi_(mpi), launch_(discoverLaunch(mpi)) {
+  if (mpi_.rank() == 0) MT_LOG_INFO << launch_.describe() << " on " << mpi_.numNodes() << " node(s)";
   for (const auto& name : unknownEnvParams()) {
     if (mpi_.rank() == 0) MT_LOG_WARN << "unknown environment variable " << name << " (see trainer --help-env)";
   }
@@ -52,6 +75,8 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi) : cfg_(cfg), s_(Setting
     std::ofstream pid(runDir_ + "/rank" + std::to_string(world_->rank()) + ".pid");
     pid << ::getpid() << "\n";
   }
+  // The preemption marker of a previous attempt is stale now (scripts/slurm requeue on it).
+  if (world_->rank() == 0) fs::remove(runDir_ + "/PREEMPTED", ec);
   if (world_->rank() == 0 && (!ncclEnv_.empty() || profile_)) {
     std::ofstream env(runDir_ + "/nccl.env");
     env << "# NCCL environment in effect (profile " << (profile_ ? profile_->name : "none") << ")\n";
@@ -156,7 +181,7 @@ void Trainer::bindToGpuCpus() {
 }
 
 Batch Trainer::toDevice(const Batch& b) const {
-  if (device_.isCpu()) return b;
+  if (device_.isCpu() || b.inputs.device() == device_) return b;
   Batch d;
   d.inputs = b.inputs.to(device_);
   d.targets = b.targets.to(device_);
@@ -223,7 +248,24 @@ void Trainer::setupData() {
   }
   LoaderOptions lo = s_.loader;
   lo.batchSize = localBatch_;
-  loader_ = std::make_unique<Loader>(*trainSource_, lo, world_->rank(), world_->size());
+  Allocator* host = &cpuAllocator();
+#ifdef MT_WITH_CUDA
+  if (device_.isCuda()) {
+    if (s_.feed == FeedMode::kPinned) host = &cuda_->pinned();
+    if (s_.feed == FeedMode::kUvm) host = &cuda_->managed();
+    if (s_.feed == FeedMode::kDevice) lo.numWorkers = 0;  // the GPU gathers; no host collation
+    const int dev = cuda_->device();
+    lo.workerInit = [dev] { cudaSetDevice(dev); };
+  }
+#endif
+  loader_ = std::make_unique<Loader>(*trainSource_, lo, world_->rank(), world_->size(), *host);
+  if (device_.isCuda()) {
+    feed_ = std::make_unique<DeviceFeed>(s_.feed, *loader_, device_, train_.get(), trainTokens_.get());
+    if (world_->rank() == 0)
+      MT_LOG_INFO << "data feed " << feedModeName(s_.feed)
+                  << (s_.feed == FeedMode::kDevice ? ", " + formatBytes(feed_->residentBytes()) + " resident on the GPU"
+                                                    : std::string());
+  }
   totalSteps_ = s_.maxSteps > 0 ? s_.maxSteps : s_.epochs * loader_->batchesPerEpoch();
 }
 
@@ -271,6 +313,7 @@ void Trainer::setupModel() {
     // An explicitly chosen backend is used even by a single rank (so a 1-rank NCCL run exercises it).
     dp_ = std::make_unique<DataParallel>(model_->params(), *world_, s_.dp);
     if (groups_) dp_->setReducer(std::make_unique<HierarchicalReducer>(*groups_));
+    else dp_->setReducer(makeBucketReducer(s_.compression, *world_, model_->params()));
     dp_->broadcastParameters(0);
     model_->setHooks(dp_.get());
   }
@@ -328,11 +371,29 @@ LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
   ctx.lossScale = scaler_ ? scaler_->scale() : 1.f;
   model_->params().zeroGrads();
   if (engine_) engine_->beginStep();
-  LossStats stats = model_->forward(toDevice(batch), ctx);
+  Batch onDevice = toDevice(batch);
+  Stopwatch compute;
+#ifdef MT_WITH_CUDA
+  if (device_.isCuda()) {
+    if (!gpuTimers_) gpuTimers_ = std::make_unique<GpuTimers>();
+    gpuTimers_->start.record(currentStream());
+  }
+#endif
+  LossStats stats = model_->forward(onDevice, ctx);
   activationPeak_ = std::max(activationPeak_, model_->activationBytes());
   const int64_t backwardStartUs = wallMicros();
-  if (dp_) dp_->beginBackward(true);
+  if (dp_) {
+    dp_->reducer().beginStep(step);
+    dp_->beginBackward(true);
+  }
   model_->backward(ctx);
+  intervalCompute_ += compute.elapsed();
+#ifdef MT_WITH_CUDA
+  if (gpuTimers_) {
+    gpuTimers_->end.record(currentStream());
+    gpuTimers_->recorded = true;
+  }
+#endif
   if (dp_) dp_->finishBackward();
   if (engine_) engine_->finishBackward();
   if (trace_) writeTrace(step, backwardStartUs);
@@ -486,7 +547,20 @@ void Trainer::logStep(int64_t step, const LossStats& local, double intervalSecon
   t.data<double>()[1] = static_cast<double>(local.correct);
   t.data<double>()[2] = static_cast<double>(local.count);
   world_->allReduceSync(t, ReduceOp::kSum);
+  // Straggler report: every rank's compute time per step (forward + backward, no gradient wait).
+  const int W = world_->size();
+  double computePerStep = intervalSteps > 0 ? intervalCompute_ / static_cast<double>(intervalSteps) : 0.0;
+  if (device_.isCuda()) computePerStep = lastGpuComputeSeconds();
+  intervalCompute_ = 0.0;
+  Tensor mine = Tensor::empty({1}, DType::kF64), all = Tensor::empty({W}, DType::kF64);
+  mine.data<double>()[0] = computePerStep;
+  world_->allGather(mine, all)->wait(world_->timeout());
+  const CompressionStats cs = dp_ ? dp_->reducer().takeStats() : CompressionStats{};
   if (world_->rank() != 0) return;
+  const double* ct = all.data<double>();
+  const int slowest = static_cast<int>(std::max_element(ct, ct + W) - ct);
+  const double fastest = *std::min_element(ct, ct + W);
+  const double spread = fastest > 0 ? ct[slowest] / fastest - 1.0 : 0.0;
   const double count = t.data<double>()[2];
   const double loss = count > 0 ? t.data<double>()[0] / count : 0.0;
   const double acc = count > 0 ? t.data<double>()[1] / count : 0.0;
@@ -517,7 +591,21 @@ void Trainer::logStep(int64_t step, const LossStats& local, double intervalSecon
                   static_cast<long long>(pos.epoch + 1), static_cast<long long>(epochs), loss, acc,
                   static_cast<double>(schedule_.at(step)), sps, waitPct, formatDuration(eta).c_str());
   }
-  MT_LOG_INFO << line;
+  std::string extra;
+  if (W > 1) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), " straggler rank %d +%.0f%%", slowest, 100.0 * spread);
+    extra += buf;
+  }
+  const double perStep = intervalSteps > 0 ? 1.0 / static_cast<double>(intervalSteps) : 0.0;
+  if (dp_ && cs.bytesAfter > 0 && cs.bytesAfter != cs.bytesBefore) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), " comm %s/step (%.1fx less)",
+                  formatBytes(static_cast<int64_t>(static_cast<double>(cs.bytesAfter) * perStep)).c_str(),
+                  static_cast<double>(cs.bytesBefore) / static_cast<double>(cs.bytesAfter));
+    extra += buf;
+  }
+  MT_LOG_INFO << line << extra;
   nlohmann::json j = {{"type", "step"},        {"step", step + 1},
                       {"epoch", pos.epoch},    {"loss", loss},
                       {"accuracy", acc},       {"lr", schedule_.at(step)},
@@ -527,6 +615,15 @@ void Trainer::logStep(int64_t step, const LossStats& local, double intervalSecon
   if (tokens()) {
     j["tokens_per_s"] = tps;
     j["mfu"] = mfu;
+  }
+  j["compute_s_per_rank"] = std::vector<double>(ct, ct + W);
+  j["straggler_rank"] = slowest;
+  j["straggler_spread"] = spread;
+  if (dp_) {
+    j["compression"] = dp_->reducer().name();
+    j["comm_bytes_before"] = static_cast<double>(cs.bytesBefore) * perStep;
+    j["comm_bytes_after"] = static_cast<double>(cs.bytesAfter) * perStep;
+    j["compression_s"] = cs.seconds * perStep;
   }
   metrics_.write(j);
 }
@@ -540,8 +637,8 @@ int Trainer::run() {
   int64_t step = startStep_;
   bool preempted = false;
   for (; step < totalSteps_; ++step) {
-    Batch batch = loader_->next();
-    intervalWait += loader_->lastWaitSeconds();
+    Batch batch = feed_ ? feed_->next() : loader_->next();
+    intervalWait += feed_ ? feed_->lastWaitSeconds() : loader_->lastWaitSeconds();
     LossStats stats = trainStep(batch, step);
     if (step == startStep_) logMemory(step + 1);
     ++intervalSteps;
@@ -583,6 +680,9 @@ int Trainer::run() {
                   static_cast<long long>(totalSteps_));
       std::fflush(stdout);
       metrics_.write({{"type", "preempted"}, {"step", step}});
+      // For job scripts: this run stopped early on a signal and can be resumed (requeued).
+      std::ofstream marker(runDir_ + "/PREEMPTED");
+      marker << step << "\n";
     }
     world_->barrierSync();
     return 0;

@@ -14,6 +14,7 @@
 #include "comm/HealthMonitor.h"
 #include "comm/MpiEnvironment.h"
 #include "data/ImageDataset.h"
+#include "data/DeviceFeed.h"
 #include "data/ImageSource.h"
 #include "data/Loader.h"
 #include "data/TokenDataset.h"
@@ -25,6 +26,7 @@
 #include "topo/Profile.h"
 #include "topo/Topology.h"
 #include "launch/Metrics.h"
+#include "launch/RankDiscovery.h"
 #include "models/Model.h"
 #include "models/optim/LossScaler.h"
 #include "models/optim/LrSchedule.h"
@@ -69,6 +71,7 @@ class Trainer {
   Config cfg_;
   Settings s_;
   MpiEnvironment& mpi_;
+  LaunchInfo launch_;
   std::string runDir_;
   Device device_ = Device::cpu();
   int64_t localBatch_ = 0;
@@ -90,6 +93,7 @@ class Trainer {
   std::unique_ptr<BatchSource> trainSource_;
   bool tokens() const { return s_.model.type == "gpt"; }
   std::unique_ptr<Loader> loader_;
+  std::unique_ptr<DeviceFeed> feed_;  // cuda: how batches reach the GPU
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<Optimizer> optimizer_;  // no_shard; sharded runs use the engine's
@@ -104,6 +108,11 @@ class Trainer {
   int64_t activationPeak_ = 0;
   bool resumed_ = false;
   std::unique_ptr<std::ofstream> trace_;
+  // Per-rank compute time (forward + backward, not waiting for gradients): the straggler report.
+  double intervalCompute_ = 0.0;
+  struct GpuTimers;
+  std::unique_ptr<GpuTimers> gpuTimers_;
+  double lastGpuComputeSeconds();
 };
 
 }  // namespace mt

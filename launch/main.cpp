@@ -22,6 +22,7 @@
 #include "launch/Checkpoint.h"
 #include "launch/Config.h"
 #include "launch/Failure.h"
+#include "launch/RankDiscovery.h"
 #include "launch/Trainer.h"
 #include "topo/CostModel.h"
 #include "topo/Topology.h"
@@ -85,10 +86,10 @@ int topoCommand(const std::vector<std::string>& args) {
 }
 
 // trainer predict --topo X.xml [--profile NAME|PATH] [--params N] [--grad-bytes B] [--compute-ms C]
-//   [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...] [--csv]
+//   [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...] [--intra-gbs G] [--csv]
 int predictCommand(const std::vector<std::string>& args) {
   std::string topo, profileName, nodesList = "1,2,4,8,16,32,64";
-  double params = 124e6, gradBytes = 2, computeMs = 100, backwardFraction = 2.0 / 3.0, bucketMb = 25;
+  double params = 124e6, gradBytes = 2, computeMs = 100, backwardFraction = 2.0 / 3.0, bucketMb = 25, intraGBs = 0;
   bool csv = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string a = args[i];
@@ -111,6 +112,7 @@ int predictCommand(const std::vector<std::string>& args) {
     else if (a == "--backward-fraction") backwardFraction = number();
     else if (a == "--bucket-mb") bucketMb = number();
     else if (a == "--nodes") nodesList = next();
+    else if (a == "--intra-gbs") intraGBs = number();  // files without NVLink (Azure's) on NVSwitch machines
     else if (a == "--csv") csv = true;
     else throw mt::ConfigError("predict: unknown argument '" + a + "'");
   }
@@ -122,12 +124,17 @@ int predictCommand(const std::vector<std::string>& args) {
     if (dir.empty()) dir = MT_DEFAULT_PROFILE_DIR;
     profile = std::make_unique<mt::Profile>(mt::Profile::load(profileName, dir));
   }
-  mt::CostModel model(mt::CostModel::specFrom(t, profile.get()));
+  mt::MachineSpec spec = mt::CostModel::specFrom(t, profile.get());
+  if (intraGBs > 0) {
+    spec.intraGBs = intraGBs;
+    spec.nvlink = true;
+  }
+  mt::CostModel model(spec);
   const double grads = params * gradBytes;
-  if (csv) std::printf("nodes,gpus,fabric,busbw_gbs,comm_ms,exposed_ms,step_ms,efficiency\n");
-  else std::printf("# %s\n# gradients %.0f MB, buckets %.0f MB, compute %.1f ms/step (backward %.0f%%)\n# %5s %5s %10s %10s %10s %10s %10s\n",
+  if (csv) std::printf("nodes,gpus,fabric,busbw_gbs,comm_ms,exposed_ms,step_ms,efficiency,busbw_1g_gbs\n");
+  else std::printf("# %s\n# gradients %.0f MB, buckets %.0f MB, compute %.1f ms/step (backward %.0f%%)\n# %5s %5s %10s %10s %10s %10s %10s %10s\n",
                    model.spec().str().c_str(), grads / 1e6, bucketMb, computeMs, backwardFraction * 100, "nodes", "gpus",
-                   "busbw", "comm ms", "exposed", "step ms", "eff");
+                   "busbw", "comm ms", "exposed", "step ms", "eff", "busbw 1GiB");
   std::stringstream ss(nodesList);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -135,10 +142,12 @@ int predictCommand(const std::vector<std::string>& args) {
     if (nodes <= 0) throw mt::ConfigError("predict: --nodes needs positive integers");
     mt::StepEstimate e = model.step(grads, bucketMb * 1024 * 1024, computeMs, backwardFraction, nodes);
     const int gpus = nodes * model.spec().gpusPerNode;
-    if (csv) std::printf("%d,%d,%s,%.2f,%.3f,%.3f,%.3f,%.4f\n", nodes, gpus, mt::fabricName(model.spec().fabric), e.busGBs,
-                         e.commMs, e.exposedMs, e.stepMs, e.efficiency);
-    else std::printf("  %5d %5d %10.1f %10.2f %10.2f %10.2f %10.3f\n", nodes, gpus, e.busGBs, e.commMs, e.exposedMs, e.stepMs,
-                     e.efficiency);
+    // A large all-reduce (nccl-tests' 1 GiB point): the bandwidth regime, where fabrics differ.
+    const double big = model.allReduce(1024.0 * 1024 * 1024, nodes).busGBs;
+    if (csv) std::printf("%d,%d,%s,%.2f,%.3f,%.3f,%.3f,%.4f,%.2f\n", nodes, gpus, mt::fabricName(model.spec().fabric), e.busGBs,
+                         e.commMs, e.exposedMs, e.stepMs, e.efficiency, big);
+    else std::printf("  %5d %5d %10.1f %10.2f %10.2f %10.2f %10.3f %10.1f\n", nodes, gpus, e.busGBs, e.commMs, e.exposedMs,
+                     e.stepMs, e.efficiency, big);
   }
   return 0;
 }
@@ -182,6 +191,11 @@ int main(int argc, char** argv) {
 #endif
       return 0;
     }
+  }
+  const std::string preflight = mt::launchPreflightError();
+  if (!preflight.empty()) {
+    mt::writeLine("error: " + preflight);
+    return static_cast<int>(mt::ExitCode::kBadInput);
   }
   mt::MpiEnvironment mpi(&argc, &argv);
   std::unique_ptr<mt::Trainer> trainer;

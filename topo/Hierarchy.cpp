@@ -37,6 +37,7 @@ void HierarchicalReducer::launch(const Bucket& bucket, Tensor grads) {
   }
   s.padded.flatSlice(0, n).copyFrom(grads);
   s.rs = g_.intra().reduceScatter(s.padded, s.slice, ReduceOp::kAvg);
+  setWork(bucket.index, s.rs);  // traces time the bucket by its first collective
   const int64_t bytes = static_cast<int64_t>(grads.nbytes());
   stats_.bytesBefore += bytes;
   stats_.bytesAfter += bytes;
@@ -46,19 +47,8 @@ void HierarchicalReducer::wait(const Bucket& bucket, Tensor grads) {
   State& s = state_.at(static_cast<size_t>(bucket.index));
   s.rs->wait(g_.intra().timeout());
   g_.inter().allReduce(s.slice, ReduceOp::kAvg)->wait(g_.inter().timeout());
-  s.last = g_.intra().allGather(s.slice, s.padded);
-  s.last->wait(g_.intra().timeout());
+  g_.intra().allGather(s.slice, s.padded)->wait(g_.intra().timeout());
   grads.copyFrom(s.padded.flatSlice(0, grads.numel()));
-}
-
-std::shared_ptr<Work> HierarchicalReducer::lastWork(int bucket) {
-  return static_cast<size_t>(bucket) < state_.size() ? state_[static_cast<size_t>(bucket)].rs : nullptr;
-}
-
-CompressionStats HierarchicalReducer::takeStats() {
-  CompressionStats s = stats_;
-  stats_ = {};
-  return s;
 }
 
 }  // namespace mt

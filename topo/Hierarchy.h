@@ -41,17 +41,14 @@ class HierarchicalReducer final : public BucketReducer {
   std::string name() const override { return "hierarchical"; }
   void launch(const Bucket& bucket, Tensor grads) override;
   void wait(const Bucket& bucket, Tensor grads) override;
-  std::shared_ptr<Work> lastWork(int bucket) override;
-  CompressionStats takeStats() override;
 
  private:
   struct State {
     Tensor padded, slice;
-    std::shared_ptr<Work> rs, last;
+    std::shared_ptr<Work> rs;
   };
   NodeGroups& g_;
   std::vector<State> state_;
-  CompressionStats stats_;
 };
 
 }  // namespace mt

@@ -162,13 +162,37 @@ void CachingDeviceAllocator::resetPeak() {
   stats_.peakAllocatedBytes = stats_.allocatedBytes;
 }
 
+void* EventGatedCache::take(size_t size) {
+  for (size_t i = 0; i < pending_.size();) {
+    if (cudaEventQuery(pending_[i].event) == cudaSuccess) {
+      cudaEventDestroy(pending_[i].event);
+      free_.emplace(pending_[i].size, pending_[i].ptr);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  auto it = free_.find(size);
+  if (it == free_.end()) return nullptr;
+  void* ptr = it->second;
+  free_.erase(it);
+  return ptr;
+}
+
+void EventGatedCache::give(void* ptr, size_t size) noexcept {
+  // Copies or kernels reading this block may still be queued on the current stream.
+  cudaEvent_t e;
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess &&
+      cudaEventRecord(e, currentStream()) == cudaSuccess) {
+    pending_.push_back({ptr, size, e});
+  } else {
+    free_.emplace(size, ptr);
+  }
+}
+
 PinnedHostAllocator::~PinnedHostAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& p : pending_) {
-    cudaEventDestroy(p.second);
-    cudaFreeHost(p.first);
-  }
-  for (auto& kv : free_) cudaFreeHost(kv.second);
+  cache_.releaseAll([](void* p) { cudaFreeHost(p); });
   for (auto& kv : live_) cudaFreeHost(kv.first);
 }
 
@@ -176,28 +200,14 @@ void* PinnedHostAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t size = roundAllocationSize(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  for (size_t i = 0; i < pending_.size();) {
-    if (cudaEventQuery(pending_[i].second) == cudaSuccess) {
-      cudaEventDestroy(pending_[i].second);
-      free_.emplace(sizeOf_[pending_[i].first], pending_[i].first);
-      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      ++i;
-    }
-  }
-  void* ptr = nullptr;
-  auto it = free_.find(size);
-  if (it != free_.end()) {
-    ptr = it->second;
-    free_.erase(it);
-  } else {
+  void* ptr = cache_.take(size);
+  if (!ptr) {
     cudaError_t e = cudaHostAlloc(&ptr, size, cudaHostAllocDefault);
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       throw OutOfMemoryError(oomMessage("pinned host memory", bytes, stats_, 0));
     }
     CUDA_CHECK(e);
-    sizeOf_[ptr] = size;
     stats_.reservedBytes += static_cast<int64_t>(size);
   }
   live_[ptr] = size;
@@ -213,15 +223,8 @@ void PinnedHostAllocator::deallocate(void* ptr, size_t) noexcept {
   auto it = live_.find(ptr);
   if (it == live_.end()) return;
   stats_.allocatedBytes -= static_cast<int64_t>(it->second);
+  cache_.give(ptr, it->second);
   live_.erase(it);
-  // Copies from this buffer may still be queued on the current stream.
-  cudaEvent_t e;
-  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess &&
-      cudaEventRecord(e, currentStream()) == cudaSuccess) {
-    pending_.emplace_back(ptr, e);
-  } else {
-    free_.emplace(sizeOf_[ptr], ptr);
-  }
 }
 
 AllocatorStats PinnedHostAllocator::stats() const {
@@ -234,29 +237,42 @@ void PinnedHostAllocator::resetPeak() {
   stats_.peakAllocatedBytes = stats_.allocatedBytes;
 }
 
+ManagedAllocator::~ManagedAllocator() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cache_.releaseAll([](void* p) { cudaFree(p); });
+  for (auto& kv : live_) cudaFree(kv.first);
+}
+
 void* ManagedAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
-  size_t freeB = 0, total = 0;
-  CUDA_CHECK(cudaMemGetInfo(&freeB, &total));
-  if (bytes > freeB)
-    throw OutOfMemoryError("managed memory: refusing " + formatBytes(static_cast<int64_t>(bytes)) + ", more than the " +
-                           formatBytes(static_cast<int64_t>(freeB)) + " the GPU has free (over-subscription can hang it)");
-  void* ptr = nullptr;
-  CUDA_CHECK(cudaMallocManaged(&ptr, bytes, cudaMemAttachGlobal));
+  const size_t size = roundAllocationSize(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  stats_.allocatedBytes += static_cast<int64_t>(bytes);
-  stats_.reservedBytes += static_cast<int64_t>(bytes);
+  void* ptr = cache_.take(size);
+  if (!ptr) {
+    size_t freeB = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&freeB, &total));
+    if (size > freeB)
+      throw OutOfMemoryError("managed memory: refusing " + formatBytes(static_cast<int64_t>(size)) +
+                             ", more than the " + formatBytes(static_cast<int64_t>(freeB)) +
+                             " the GPU has free (over-subscription can hang it)");
+    CUDA_CHECK(cudaMallocManaged(&ptr, size, cudaMemAttachGlobal));
+    stats_.reservedBytes += static_cast<int64_t>(size);
+  }
+  live_[ptr] = size;
+  stats_.allocatedBytes += static_cast<int64_t>(size);
   stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
   stats_.numAllocs++;
   return ptr;
 }
 
-void ManagedAllocator::deallocate(void* ptr, size_t bytes) noexcept {
+void ManagedAllocator::deallocate(void* ptr, size_t) noexcept {
   if (!ptr) return;
-  cudaFree(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
-  stats_.allocatedBytes -= static_cast<int64_t>(bytes);
-  stats_.reservedBytes -= static_cast<int64_t>(bytes);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return;
+  stats_.allocatedBytes -= static_cast<int64_t>(it->second);
+  cache_.give(ptr, it->second);
+  live_.erase(it);
 }
 
 AllocatorStats ManagedAllocator::stats() const {

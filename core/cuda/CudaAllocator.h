@@ -13,7 +13,8 @@
 // cached likewise; a freed block is reused once the copies issued on it have completed.
 //
 // ManagedAllocator: cudaMallocManaged, refusing any request larger than cudaMemGetInfo's free
-// bytes (over-subscribed managed memory can hang the GPU).
+// bytes (over-subscribed managed memory can hang the GPU); cached like pinned memory (cudaFree
+// synchronises the device, which a per-batch free would do every step).
 
 #include <cuda_runtime.h>
 
@@ -69,6 +70,40 @@ class CachingDeviceAllocator final : public Allocator {
   AllocatorStats stats_;
 };
 
+// Blocks the CPU writes and the GPU reads (pinned, managed): a freed block goes back to the cache
+// once the GPU work queued on the freeing thread's stream has completed (an event), so a worker
+// never overwrites a batch a kernel or copy still reads.
+class EventGatedCache {
+ public:
+  EventGatedCache() = default;
+  EventGatedCache(const EventGatedCache&) = delete;
+  EventGatedCache& operator=(const EventGatedCache&) = delete;
+  // A cached block of exactly `size` whose event completed, or nullptr. Caller holds no lock.
+  void* take(size_t size);
+  void give(void* ptr, size_t size) noexcept;
+  // Every cached block, pending ones after their events (destruction).
+  template <typename F>
+  void releaseAll(F&& freeFn) {
+    for (auto& p : pending_) {
+      cudaEventSynchronize(p.event);
+      cudaEventDestroy(p.event);
+      freeFn(p.ptr);
+    }
+    for (auto& kv : free_) freeFn(kv.second);
+    pending_.clear();
+    free_.clear();
+  }
+
+ private:
+  struct Pending {
+    void* ptr;
+    size_t size;
+    cudaEvent_t event;
+  };
+  std::vector<Pending> pending_;
+  std::multimap<size_t, void*> free_;
+};
+
 class PinnedHostAllocator final : public Allocator {
  public:
   PinnedHostAllocator() = default;
@@ -83,15 +118,14 @@ class PinnedHostAllocator final : public Allocator {
  private:
   mutable std::mutex mutex_;
   std::unordered_map<void*, size_t> live_;
-  std::vector<std::pair<void*, cudaEvent_t>> pending_;  // freed; reusable once the event completes
-  std::multimap<size_t, void*> free_;
-  std::unordered_map<void*, size_t> sizeOf_;
+  EventGatedCache cache_;
   AllocatorStats stats_;
 };
 
 class ManagedAllocator final : public Allocator {
  public:
   explicit ManagedAllocator(int device) : device_(device) {}
+  ~ManagedAllocator() override;
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
   Device device() const override { return Device::cuda(device_); }
@@ -102,6 +136,8 @@ class ManagedAllocator final : public Allocator {
  private:
   int device_;
   mutable std::mutex mutex_;
+  std::unordered_map<void*, size_t> live_;
+  EventGatedCache cache_;
   AllocatorStats stats_;
 };
 

@@ -20,12 +20,14 @@ class GptTiny(unittest.TestCase):
                                capture_output=True, text=True,
                                timeout=900)
             self.assertEqual(p.returncode, 0, p.stderr[-3000:])
-            recs = [json.loads(l) for l in open(os.path.join(d, "gpt_tiny", "metrics.jsonl"))]
+            with open(os.path.join(d, "gpt_tiny", "metrics.jsonl")) as f:
+                recs = [json.loads(l) for l in f]
             steps = [r for r in recs if r["type"] == "step"]
             evals = [r for r in recs if r["type"] == "eval"]
             print("losses:", [round(r["loss"], 3) for r in steps[::25]], "eval:", [round(r["test_loss"], 3) for r in evals])
             self.assertGreater(steps[0]["loss"], 5.0)  # ~ln 256 = 5.55 at the start
-            self.assertLess(steps[-1]["loss"], 2.6)
+            # The last 25 steps' mean: one batch of 16 x 64 tokens is too noisy to judge alone.
+            self.assertLess(sum(r["loss"] for r in steps[-25:]) / 25, 2.6)
             self.assertLess(evals[-1]["test_loss"], evals[0]["test_loss"])
             self.assertGreater(steps[-1]["tokens_per_s"], 0)
             self.assertIn("final test_loss=", p.stdout)

@@ -2,6 +2,7 @@
 """GPU training end to end (skipped, exit 77, where no GPU is visible):
  - f32 GPU, a 1-rank NCCL run and a 2-rank MPI-backend run on one GPU each match the CPU loss
    curve of the same global batch (50 steps, relative 1e-4);
+ - the uvm and device data feeds give the pinned feed's losses; compressed all-reduce trains;
  - f16 with dynamic loss scaling trains;
  - configs/fashion_cnn.ini reaches >= 0.91 test accuracy on the GPU (samples/s printed)."""
 import json
@@ -69,6 +70,24 @@ class GpuTraining(unittest.TestCase):
 
     def test_two_rank_mpi_backend_on_one_gpu_matches_cpu(self):
         self.matches_cpu("mpi2", 2, ["--dist.backend=mpi"])
+
+    def test_data_feeds_match_cpu(self):
+        # uvm and device feeds deliver the same batches as the default pinned one.
+        self.matches_cpu("uvm", 1, ["--data.feed=uvm"])
+        self.matches_cpu("device", 1, ["--data.feed=device"])
+
+    def test_gpu_compression_trains(self):
+        with tempfile.TemporaryDirectory() as d:
+            # Both backends: 2 MPI ranks sharing the GPU, and NCCL (one rank: NCCL refuses two on one GPU).
+            for np_, backend in ((2, "mpi"), (1, "nccl")):
+                for m in ("powersgd", "topk", "bf16"):
+                    name = f"{m}_{backend}"
+                    run(np_, self.BASE + [f"--run.dir={d}", f"--run.name={name}", "--train.device=cuda",
+                                          f"--dist.backend={backend}", f"--compression.method={m}",
+                                          "--compression.start_iter=5"])
+                    steps = [r for r in records(d, name) if r["type"] == "step"]
+                    self.assertLess(steps[-1]["loss"], steps[0]["loss"], name)
+                    self.assertLess(steps[-1]["comm_bytes_after"], steps[-1]["comm_bytes_before"], name)
 
     def test_f16_loss_scaling_trains(self):
         with tempfile.TemporaryDirectory() as d:

@@ -43,9 +43,11 @@ class TopoCli(unittest.TestCase):
         p = run(["predict", "--topo", os.path.join(SAMPLES, "oci-hpc-H100-topology.xml"), "--profile", "roce-v2",
                  "--nodes", "1,2,4", "--csv"])
         self.assertEqual(p.returncode, 0, p.stderr)
-        rows = [l.split(",") for l in p.stdout.strip().splitlines()[1:]]
-        self.assertEqual([r[0] for r in rows], ["1", "2", "4"])
-        eff = [float(r[-1]) for r in rows]
+        lines = p.stdout.strip().splitlines()
+        header = lines[0].split(",")
+        rows = [dict(zip(header, l.split(","))) for l in lines[1:]]
+        self.assertEqual([r["nodes"] for r in rows], ["1", "2", "4"])
+        eff = [float(r["efficiency"]) for r in rows]
         self.assertTrue(all(0 < e <= 1 for e in eff))
         self.assertGreaterEqual(eff[0], eff[-1])
 
@@ -58,8 +60,10 @@ class TopoCli(unittest.TestCase):
             b = run(base + ["--run.name=hier", "--topo.hierarchical=true", "--topo.node_ranks=2"], np=4)
             self.assertEqual(a.returncode, 0, a.stderr[-2000:])
             self.assertEqual(b.returncode, 0, b.stderr[-2000:])
-            la = [json.loads(l)["loss"] for l in open(os.path.join(d, "flat", "metrics.jsonl")) if '"step"' in l]
-            lb = [json.loads(l)["loss"] for l in open(os.path.join(d, "hier", "metrics.jsonl")) if '"step"' in l]
+            def losses(name):
+                with open(os.path.join(d, name, "metrics.jsonl")) as f:
+                    return [r["loss"] for r in map(json.loads, f) if r["type"] == "step"]
+            la, lb = losses("flat"), losses("hier")
             self.assertEqual(len(la), 30)
             worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
             print(f"hierarchical vs flat: worst relative loss difference {worst:.2e}")

@@ -1,0 +1,172 @@
+#include "data/DeviceFeed.h"
+
+#include "core/Error.h"
+#include "core/Timer.h"
+
+#ifdef MT_WITH_CUDA
+#include "core/cuda/CudaCheck.h"
+#include "core/cuda/CudaRuntime.h"
+#include "core/cuda/CudaStream.h"
+#include "data/kernels/CudaGather.h"
+#endif
+
+namespace mt {
+
+bool parseFeedMode(const std::string& name, FeedMode* out) {
+  if (name == "pinned") *out = FeedMode::kPinned;
+  else if (name == "uvm") *out = FeedMode::kUvm;
+  else if (name == "device") *out = FeedMode::kDevice;
+  else return false;
+  return true;
+}
+
+const char* feedModeName(FeedMode m) {
+  switch (m) {
+    case FeedMode::kPinned: return "pinned";
+    case FeedMode::kUvm: return "uvm";
+    case FeedMode::kDevice: return "device";
+  }
+  return "?";
+}
+
+#ifdef MT_WITH_CUDA
+
+struct DeviceFeed::Impl {
+  CudaStream copy;
+  CudaEvent copied;
+  // device mode: the resident split
+  Tensor images, labels, tokens;
+  Shape imageShape;  // one example
+  int64_t T = 0;
+};
+
+namespace {
+
+// Records that the compute stream uses a tensor the copy stream allocated, so the caching
+// allocator does not hand the block back to the copy stream while kernels still read it.
+void usedOnCompute(const Tensor& t) {
+  CudaRuntime::require().allocator().recordStream(t.rawData(), currentStream());
+}
+
+Tensor onCopyStream(const Tensor& host, cudaStream_t copy, Device device) {
+  StreamGuard g(copy);
+  Tensor d = Tensor::empty(host.shape(), host.dtype(), device);
+  CUDA_CHECK(cudaMemcpyAsync(d.rawData(), host.rawData(), host.nbytes(), cudaMemcpyHostToDevice, copy));
+  return d;
+}
+
+void prefetch(const Tensor& t, cudaStream_t copy, int device) {
+  if (t.nbytes() == 0) return;
+  cudaMemLocation loc{};
+  loc.type = cudaMemLocationTypeDevice;
+  loc.id = device;
+  CUDA_CHECK(cudaMemAdvise(t.rawData(), t.nbytes(), cudaMemAdviseSetPreferredLocation, loc));
+  CUDA_CHECK(cudaMemPrefetchAsync(t.rawData(), t.nbytes(), loc, 0, copy));
+}
+
+}  // namespace
+
+DeviceFeed::DeviceFeed(FeedMode mode, Loader& loader, Device device, const ImageDataset* images,
+                       const TokenDataset* tokens)
+    : mode_(mode), loader_(loader), device_(device), impl_(std::make_unique<Impl>()) {
+  MT_CHECK(device.isCuda(), "DeviceFeed on ", device.str());
+  if (mode_ != FeedMode::kDevice) return;
+  MT_CHECK(loader.numWorkers() == 0, "the device feed gathers on the GPU: the loader needs no workers");
+  if (images) {
+    if (!images->inMemory())
+      throw ConfigError("data.feed = device needs data.mode = memory (the split is loaded once, then copied)");
+    const std::vector<uint8_t>& img = images->memoryImages();
+    const std::vector<int64_t>& lab = images->memoryLabels();
+    const InputSpec s = images->spec();
+    impl_->imageShape = {s.height, s.width, s.channels};
+    impl_->images = Tensor::fromBlob(const_cast<uint8_t*>(img.data()), {images->size(), s.height, s.width, s.channels},
+                                     DType::kU8)
+                        .to(device);
+    impl_->labels = Tensor::fromBlob(const_cast<int64_t*>(lab.data()), {images->size()}, DType::kI64).to(device);
+  } else {
+    MT_CHECK(tokens, "device feed without a dataset");
+    if (!tokens->inMemory())
+      throw ConfigError("data.feed = device needs data.mode = memory (the split is loaded once, then copied)");
+    const std::vector<int32_t>& tok = tokens->memoryTokens();
+    impl_->tokens = Tensor::fromBlob(const_cast<int32_t*>(tok.data()), {static_cast<int64_t>(tok.size())}, DType::kI32)
+                        .to(device);
+    impl_->T = tokens->seqLen();
+  }
+}
+
+DeviceFeed::~DeviceFeed() = default;
+
+int64_t DeviceFeed::residentBytes() const {
+  return static_cast<int64_t>(impl_->images.nbytes() + impl_->labels.nbytes() + impl_->tokens.nbytes());
+}
+
+Batch DeviceFeed::next() {
+  cudaStream_t compute = currentStream();
+  if (mode_ == FeedMode::kDevice) {
+    Stopwatch sw;
+    const std::vector<int64_t> idx = loader_.batchIndices(loader_.position());
+    loader_.advance();
+    const int64_t B = static_cast<int64_t>(idx.size());
+    // Indices through pinned memory: the upload is asynchronous on the compute stream.
+    Tensor hostIdx = Tensor::empty({B}, DType::kI64, CudaRuntime::require().pinned());
+    std::copy(idx.begin(), idx.end(), hostIdx.data<int64_t>());
+    Tensor devIdx = Tensor::empty({B}, DType::kI64, device_);
+    CUDA_CHECK(cudaMemcpyAsync(devIdx.rawData(), hostIdx.rawData(), hostIdx.nbytes(), cudaMemcpyHostToDevice, compute));
+    Batch b;
+    if (impl_->images.defined()) {
+      Shape shape = {B};
+      shape.insert(shape.end(), impl_->imageShape.begin(), impl_->imageShape.end());
+      b.inputs = Tensor::empty(shape, DType::kU8, device_);
+      b.targets = Tensor::empty({B}, DType::kI64, device_);
+      const int64_t rowBytes = static_cast<int64_t>(b.inputs.nbytes()) / std::max<int64_t>(B, 1);
+      cuda::gatherRows(b.inputs.rawData(), impl_->images.rawData(), devIdx.data<int64_t>(), B, rowBytes);
+      cuda::gatherRows(b.targets.rawData(), impl_->labels.rawData(), devIdx.data<int64_t>(), B, 8);
+    } else {
+      const int64_t T = impl_->T;
+      b.inputs = Tensor::empty({B, T}, DType::kI32, device_);
+      b.targets = Tensor::empty({B, T}, DType::kI64, device_);
+      cuda::gatherTokenWindows(b.inputs.data<int32_t>(), b.targets.data<int64_t>(), impl_->tokens.data<int32_t>(),
+                               devIdx.data<int64_t>(), B, T);
+    }
+    lastWait_ = sw.elapsed();
+    return b;
+  }
+  Batch host = loader_.next();
+  lastWait_ = loader_.lastWaitSeconds();
+  cudaStream_t copy = impl_->copy.get();
+  Batch b;
+  if (mode_ == FeedMode::kPinned) {
+    b.inputs = onCopyStream(host.inputs, copy, device_);
+    b.targets = onCopyStream(host.targets, copy, device_);
+  } else {
+    MT_CHECK(host.inputs.device().isCuda(), "uvm feed: the loader did not collate into managed memory");
+    prefetch(host.inputs, copy, device_.index);
+    prefetch(host.targets, copy, device_.index);
+    b = host;
+  }
+  impl_->copied.record(copy);
+  CUDA_CHECK(cudaStreamWaitEvent(compute, impl_->copied.get(), 0));
+  if (mode_ == FeedMode::kPinned) {
+    usedOnCompute(b.inputs);
+    usedOnCompute(b.targets);
+  }
+  // `host` (pinned) is freed here: its block returns to the cache behind an event on the compute
+  // stream, which already waits for the copy.
+  return b;
+}
+
+#else
+
+struct DeviceFeed::Impl {};
+
+DeviceFeed::DeviceFeed(FeedMode mode, Loader& loader, Device device, const ImageDataset*, const TokenDataset*)
+    : mode_(mode), loader_(loader), device_(device) {
+  throw ConfigError(std::string("data.feed = ") + feedModeName(mode) + " needs a build with CUDA");
+}
+DeviceFeed::~DeviceFeed() = default;
+Batch DeviceFeed::next() { return loader_.next(); }
+int64_t DeviceFeed::residentBytes() const { return 0; }
+
+#endif
+
+}  // namespace mt
