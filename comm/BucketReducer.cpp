@@ -3,7 +3,8 @@
 namespace mt {
 
 std::shared_ptr<Work> BucketReducer::lastWork(int bucket) const {
-  return bucket >= 0 && static_cast<size_t>(bucket) < works_.size() ? works_[static_cast<size_t>(bucket)] : nullptr;
+  return bucket >= 0 && static_cast<size_t>(bucket) < works_.size() ? works_[static_cast<size_t>(bucket)]
+                                                                    : nullptr;
 }
 
 CompressionStats BucketReducer::takeStats() {
@@ -24,6 +25,8 @@ void AllReduceReducer::launch(const Bucket& bucket, Tensor grads) {
   stats_.bytesAfter += b;
 }
 
-void AllReduceReducer::wait(const Bucket& bucket, Tensor) { lastWork(bucket.index)->wait(comm_.timeout()); }
+void AllReduceReducer::wait(const Bucket& bucket, Tensor) {
+  lastWork(bucket.index)->wait(comm_.timeout());
+}
 
 }  // namespace mt

@@ -22,11 +22,16 @@ CompressionMethod parseCompressionMethod(const std::string& name) {
 
 const char* compressionMethodName(CompressionMethod m) {
   switch (m) {
-    case CompressionMethod::kNone: return "none";
-    case CompressionMethod::kFp16: return "fp16";
-    case CompressionMethod::kBf16: return "bf16";
-    case CompressionMethod::kPowerSgd: return "powersgd";
-    case CompressionMethod::kTopK: return "topk";
+    case CompressionMethod::kNone:
+      return "none";
+    case CompressionMethod::kFp16:
+      return "fp16";
+    case CompressionMethod::kBf16:
+      return "bf16";
+    case CompressionMethod::kPowerSgd:
+      return "powersgd";
+    case CompressionMethod::kTopK:
+      return "topk";
   }
   return "?";
 }
@@ -44,7 +49,9 @@ void requireF32(const Tensor& grads, const std::string& who) {
     throw ConfigError(who + " compression needs f32 gradients, this model's are " + dtypeName(grads.dtype()));
 }
 
-float* f32(Tensor& t, int64_t offset) { return t.data<float>() + offset; }
+float* f32(Tensor& t, int64_t offset) {
+  return t.data<float>() + offset;
+}
 
 }  // namespace
 
@@ -54,7 +61,9 @@ CastReducer::CastReducer(Communicator& comm, DType wire) : comm_(comm), wire_(wi
   MT_CHECK(wire == DType::kF16 || wire == DType::kBF16, "cast compression to ", dtypeName(wire));
 }
 
-std::string CastReducer::name() const { return wire_ == DType::kF16 ? "fp16" : "bf16"; }
+std::string CastReducer::name() const {
+  return wire_ == DType::kF16 ? "fp16" : "bf16";
+}
 
 void CastReducer::launch(const Bucket& bucket, Tensor grads) {
   requireF32(grads, name());
@@ -117,7 +126,8 @@ bool FeedbackReducer::waitPlain(const Bucket& bucket) {
 
 PowerSgdReducer::PowerSgdReducer(Communicator& comm, ParamTable& table, CompressionOptions options)
     : FeedbackReducer(comm, table, options) {
-  if (opt_.rank < 1) throw ConfigError("compression.rank must be at least 1, got " + std::to_string(opt_.rank));
+  if (opt_.rank < 1)
+    throw ConfigError("compression.rank must be at least 1, got " + std::to_string(opt_.rank));
 }
 
 PowerSgdReducer::Plan PowerSgdReducer::plan(const Bucket& bucket) const {
@@ -157,7 +167,8 @@ Tensor& PowerSgdReducer::qFor(const Matrix& m) {
   Rng rng(opt_.seed ^ 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(opt_.warmStart ? 0 : step_ + 1),
           0x50534744ull + static_cast<uint64_t>(m.param));
   float* h = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) h[i] = rng.normal();
+  for (int64_t i = 0; i < host.numel(); ++i)
+    h[i] = rng.normal();
   orthonormalizeColumns(h, m.cols, m.rank, Device::cpu());
   q = host.to(table_[static_cast<size_t>(m.param)].grad.device());
   return q;
@@ -236,8 +247,8 @@ void PowerSgdReducer::wait(const Bucket& bucket, Tensor grads) {
         e = &errorFor(m.param);
         e->copyFrom(g);  // M, before it is replaced by its approximation
       }
-      matmulF32(Trans::kNo, Trans::kYes, m.rows, m.cols, m.rank, f32(pd.P, m.pOffset), f32(pd.Q, m.qOffset), 0.f,
-                g.data<float>(), dev);
+      matmulF32(Trans::kNo, Trans::kYes, m.rows, m.cols, m.rank, f32(pd.P, m.pOffset), f32(pd.Q, m.qOffset),
+                0.f, g.data<float>(), dev);
       if (e) subtractFrom(*e, g);
       q_[m.param].copyFrom(pd.Q.flatSlice(m.qOffset, m.cols * m.rank));
     }
@@ -251,16 +262,19 @@ void PowerSgdReducer::wait(const Bucket& bucket, Tensor grads) {
 TopKReducer::TopKReducer(Communicator& comm, ParamTable& table, CompressionOptions options)
     : FeedbackReducer(comm, table, options) {
   if (!(opt_.topkFraction > 0.0 && opt_.topkFraction <= 1.0))
-    throw ConfigError("compression.topk_fraction must be in (0, 1], got " + std::to_string(opt_.topkFraction));
+    throw ConfigError("compression.topk_fraction must be in (0, 1], got " +
+                      std::to_string(opt_.topkFraction));
   if (opt_.topkWarmupSteps < 0)
-    throw ConfigError("compression.topk_warmup_steps must be >= 0, got " + std::to_string(opt_.topkWarmupSteps));
+    throw ConfigError("compression.topk_warmup_steps must be >= 0, got " +
+                      std::to_string(opt_.topkWarmupSteps));
 }
 
 double TopKReducer::fraction() const {
   const int64_t into = step_ - opt_.startIter;  // steps since compression started
   if (opt_.topkWarmupSteps <= 0 || into >= opt_.topkWarmupSteps) return opt_.topkFraction;
   // fraction^t for t from 1/W to 1: geometric, identical on every rank (it depends on the step only).
-  const double t = static_cast<double>(std::max<int64_t>(into, 0) + 1) / static_cast<double>(opt_.topkWarmupSteps + 1);
+  const double t =
+      static_cast<double>(std::max<int64_t>(into, 0) + 1) / static_cast<double>(opt_.topkWarmupSteps + 1);
   return std::pow(opt_.topkFraction, t);
 }
 
@@ -269,7 +283,9 @@ int64_t TopKReducer::kFor(int64_t numel) const {
   return std::clamp<int64_t>(k, numel > 0 ? 1 : 0, numel);
 }
 
-int64_t TopKReducer::kFor(const Bucket& bucket) const { return kFor(bucket.numel); }
+int64_t TopKReducer::kFor(const Bucket& bucket) const {
+  return kFor(bucket.numel);
+}
 
 void TopKReducer::launch(const Bucket& bucket, Tensor grads) {
   requireF32(grads, "topk");
@@ -296,7 +312,8 @@ void TopKReducer::launch(const Bucket& bucket, Tensor grads) {
   if (opt_.errorFeedback) {
     // What stays behind: M with the sent entries removed (the bucket is overwritten in wait()).
     scatterZero(grads, pd.idx);
-    for (int pi : bucket.params) errorFor(pi).copyFrom(paramGrad(pi).flat());
+    for (int pi : bucket.params)
+      errorFor(pi).copyFrom(paramGrad(pi).flat());
   }
   pd.allIdx = Tensor::empty({k * W}, DType::kI32, dev);
   pd.allVal = Tensor::empty({k * W}, DType::kF32, dev);
@@ -319,18 +336,25 @@ void TopKReducer::wait(const Bucket& bucket, Tensor grads) {
   grads.zero_();
   // Rank by rank (indices are unique within one rank's set): no atomics, identical on all ranks.
   for (int r = 0; r < W; ++r)
-    scatterAdd(grads, pd.allIdx.flatSlice(r * k, k), pd.allVal.flatSlice(r * k, k), 1.f / static_cast<float>(W));
+    scatterAdd(grads, pd.allIdx.flatSlice(r * k, k), pd.allVal.flatSlice(r * k, k),
+               1.f / static_cast<float>(W));
   stats_.seconds += sw.elapsed();
   pd = Pending();
 }
 
-std::unique_ptr<BucketReducer> makeBucketReducer(const CompressionOptions& o, Communicator& comm, ParamTable& table) {
+std::unique_ptr<BucketReducer> makeBucketReducer(const CompressionOptions& o, Communicator& comm,
+                                                 ParamTable& table) {
   switch (o.method) {
-    case CompressionMethod::kNone: return std::make_unique<AllReduceReducer>(comm);
-    case CompressionMethod::kFp16: return std::make_unique<CastReducer>(comm, DType::kF16);
-    case CompressionMethod::kBf16: return std::make_unique<CastReducer>(comm, DType::kBF16);
-    case CompressionMethod::kPowerSgd: return std::make_unique<PowerSgdReducer>(comm, table, o);
-    case CompressionMethod::kTopK: return std::make_unique<TopKReducer>(comm, table, o);
+    case CompressionMethod::kNone:
+      return std::make_unique<AllReduceReducer>(comm);
+    case CompressionMethod::kFp16:
+      return std::make_unique<CastReducer>(comm, DType::kF16);
+    case CompressionMethod::kBf16:
+      return std::make_unique<CastReducer>(comm, DType::kBF16);
+    case CompressionMethod::kPowerSgd:
+      return std::make_unique<PowerSgdReducer>(comm, table, o);
+    case CompressionMethod::kTopK:
+      return std::make_unique<TopKReducer>(comm, table, o);
   }
   return nullptr;
 }

@@ -8,8 +8,9 @@
 //                P = M Q; P <- allreduce_avg(P); P <- orthonormalize(P); Q = M^T P;
 //                Q <- allreduce_avg(Q); g <- P Q^T; e <- M - P Q^T (the local M minus the
 //                approximation of the average, as in the paper's and PyTorch's code; the e of
-//                all ranks sum to what compression lost). Q is kept for the next step (warm start). Vectors and matrices where (m+n) r * min_compression_rate >= m n
-//                are all-reduced uncompressed in one packed buffer beside P.
+//                all ranks sum to what compression lost). Q is kept for the next step (warm start). Vectors
+//                and matrices where (m+n) r * min_compression_rate >= m n are all-reduced uncompressed in one
+//                packed buffer beside P.
 //   topk         per bucket, M = g + e: the k = ceil(fraction * numel) entries largest in
 //                magnitude are all-gathered as (index, value) from every rank;
 //                g <- (1/N) sum_ranks scatter(index, value); e <- M with the sent entries zeroed.
@@ -39,14 +40,14 @@ enum class CompressionMethod { kNone, kFp16, kBf16, kPowerSgd, kTopK };
 
 struct CompressionOptions {
   CompressionMethod method = CompressionMethod::kNone;
-  int rank = 4;                      // powersgd: approximation rank
-  int64_t startIter = 10;            // steps of plain all-reduce before compressing (powersgd, topk)
-  double minCompressionRate = 2.0;   // powersgd: compress a matrix only when it saves this factor
-  bool warmStart = true;             // powersgd: reuse last step's Q
-  bool errorFeedback = true;         // powersgd, topk
-  double topkFraction = 0.01;        // topk: fraction of each bucket's entries sent
-  int64_t topkWarmupSteps = 0;       // topk: steps over which the fraction falls from 1 to topkFraction
-  uint64_t seed = 0;                 // powersgd: Q's random start
+  int rank = 4;                     // powersgd: approximation rank
+  int64_t startIter = 10;           // steps of plain all-reduce before compressing (powersgd, topk)
+  double minCompressionRate = 2.0;  // powersgd: compress a matrix only when it saves this factor
+  bool warmStart = true;            // powersgd: reuse last step's Q
+  bool errorFeedback = true;        // powersgd, topk
+  double topkFraction = 0.01;       // topk: fraction of each bucket's entries sent
+  int64_t topkWarmupSteps = 0;      // topk: steps over which the fraction falls from 1 to topkFraction
+  uint64_t seed = 0;                // powersgd: Q's random start
 };
 
 // none, fp16, bf16, powersgd, topk; anything else throws ConfigError.

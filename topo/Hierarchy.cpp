@@ -27,7 +27,8 @@ void NodeGroups::allReduce(Tensor& t, ReduceOp op) {
 }
 
 void HierarchicalReducer::launch(const Bucket& bucket, Tensor grads) {
-  if (state_.size() <= static_cast<size_t>(bucket.index)) state_.resize(static_cast<size_t>(bucket.index) + 1);
+  if (state_.size() <= static_cast<size_t>(bucket.index))
+    state_.resize(static_cast<size_t>(bucket.index) + 1);
   State& s = state_[static_cast<size_t>(bucket.index)];
   const int L = g_.ranksPerNode();
   const int64_t n = grads.numel(), chunk = (n + L - 1) / L;

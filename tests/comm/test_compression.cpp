@@ -15,7 +15,8 @@ namespace {
 
 double maxAbs(const Tensor& x) {
   double m = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(x.data<float>()[i])));
+  for (int64_t i = 0; i < x.numel(); ++i)
+    m = std::max(m, std::fabs(static_cast<double>(x.data<float>()[i])));
   return m;
 }
 
@@ -36,7 +37,8 @@ class CompressionTest : public ::testing::Test {
   }
   Bucket wholeBucket(ParamTable& t) {
     Bucket b;
-    for (size_t i = 0; i < t.size(); ++i) b.params.push_back(static_cast<int>(i));
+    for (size_t i = 0; i < t.size(); ++i)
+      b.params.push_back(static_cast<int>(i));
     b.numel = t.flatGrads().numel();
     return b;
   }
@@ -71,7 +73,7 @@ TEST_F(CompressionTest, PowerSgdWithFullRankIsTheExactAverage) {
   makeTable(t);
   CompressionOptions o;
   o.method = CompressionMethod::kPowerSgd;
-  o.rank = 64;                 // >= min(m, n) of every matrix (capped per matrix)
+  o.rank = 64;  // >= min(m, n) of every matrix (capped per matrix)
   o.startIter = 0;
   o.minCompressionRate = 0.0;  // compress every matrix, even where it saves nothing
   PowerSgdReducer r(*comm_, t, o);
@@ -106,7 +108,8 @@ TEST_F(CompressionTest, PowerSgdErrorFeedbackKeepsWhatWasNotSent) {
   ASSERT_EQ(plan.matrices.size(), 3u);  // at rank 1 every matrix saves more than 2x
   Tensor avg = fillGrads(t, 7);
   std::vector<Tensor> before;
-  for (size_t i = 0; i < t.size(); ++i) before.push_back(t[i].grad.clone());
+  for (size_t i = 0; i < t.size(); ++i)
+    before.push_back(t[i].grad.clone());
   reduce(r, t, 0);
   for (const auto& m : plan.matrices) {
     const Param& p = t[static_cast<size_t>(m.param)];
@@ -123,7 +126,8 @@ TEST_F(CompressionTest, PowerSgdErrorFeedbackKeepsWhatWasNotSent) {
   EXPECT_LT(test::relErr(t[1].grad, avg.flatSlice(t[1].storageOffset, 12)), 1e-6);
   // Next step with zero gradients: what is reduced now is the residual itself (M = 0 + e).
   std::vector<Tensor> residual;
-  for (const auto& m : plan.matrices) residual.push_back(r.error(m.param).clone());
+  for (const auto& m : plan.matrices)
+    residual.push_back(r.error(m.param).clone());
   t.zeroGrads();
   reduce(r, t, 1);
   for (size_t k = 0; k < plan.matrices.size(); ++k) {
@@ -194,7 +198,8 @@ TEST_F(CompressionTest, TopKSendsTheLargestAndKeepsTheRest) {
   }
   const int64_t k = r.kFor(wholeBucket(t));
   int64_t nonzero = 0;
-  for (int64_t i = 0; i < sent.numel(); ++i) nonzero += sent.data<float>()[i] != 0.f;
+  for (int64_t i = 0; i < sent.numel(); ++i)
+    nonzero += sent.data<float>()[i] != 0.f;
   EXPECT_EQ(nonzero, k);
   comm_->allReduceSync(sent, ReduceOp::kSum);
   Tensor result = t.flatGrads().clone();
@@ -236,8 +241,10 @@ TEST(CompressionOps, TopKBreaksTiesByPosition) {
   Tensor idx = Tensor::empty({4}, DType::kI32), val = Tensor::empty({4}, DType::kF32);
   topkByMagnitude(x, 4, idx, val);
   // |-3| and |3| first, then the first two of the three 2s: positions 1, 2, 3, 6.
-  EXPECT_EQ(std::vector<int32_t>(idx.data<int32_t>(), idx.data<int32_t>() + 4), (std::vector<int32_t>{1, 2, 3, 6}));
-  EXPECT_EQ(std::vector<float>(val.data<float>(), val.data<float>() + 4), (std::vector<float>{-3.f, 2.f, -2.f, 3.f}));
+  EXPECT_EQ(std::vector<int32_t>(idx.data<int32_t>(), idx.data<int32_t>() + 4),
+            (std::vector<int32_t>{1, 2, 3, 6}));
+  EXPECT_EQ(std::vector<float>(val.data<float>(), val.data<float>() + 4),
+            (std::vector<float>{-3.f, 2.f, -2.f, 3.f}));
 }
 
 TEST(CompressionOps, GramSchmidtGivesOrthonormalColumns) {
@@ -246,7 +253,8 @@ TEST(CompressionOps, GramSchmidtGivesOrthonormalColumns) {
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 4; ++j) {
       double dot = 0;
-      for (int k = 0; k < 50; ++k) dot += p.data<float>()[k * 4 + i] * p.data<float>()[k * 4 + j];
+      for (int k = 0; k < 50; ++k)
+        dot += p.data<float>()[k * 4 + i] * p.data<float>()[k * 4 + j];
       EXPECT_NEAR(dot, i == j ? 1.0 : 0.0, 1e-5);
     }
 }

@@ -74,6 +74,14 @@ class BadInput(unittest.TestCase):
         bad = os.path.join(VARIANTS, "bad_dtype.h5")
         self.expect_error([f"--data.path={bad}"], [bad, "/train/images has type f32, expected u8"])
 
+    def test_bad_files_exit_2_on_every_rank(self):
+        # Both ranks fail alike; the job ends with one line naming the file and the dataset.
+        for variant, needle, mode in [("truncated", "truncated", "memory"), ("truncated_chunked", "truncated", "stream"),
+                                      ("bad_dtype", "/train/images has type f32, expected u8", "stream"),
+                                      ("missing_labels", "dataset /train/labels not found", "memory")]:
+            bad = os.path.join(VARIANTS, variant + ".h5")
+            self.expect_error([f"--data.path={bad}", f"--data.mode={mode}"], [bad, needle], np=2)
+
     def test_every_rank_exits_2(self):
         line = self.expect_error(["--train.batch_size=3"], ["train.batch_size", "divide evenly over the 2 ranks"], np=2)
         self.assertIn("[r0]", line)

@@ -14,8 +14,8 @@ namespace {
 // Prints each point, so docs/performance.md can quote the model beside the published figure.
 double busbw(const MachineSpec& m, int nodes, double bytes = 8e9) {
   const double b = CostModel(m).allReduce(bytes, nodes).busGBs;
-  std::printf("calibration: %s, %d node(s), %.0f MB all-reduce: model busbw %.1f GB/s\n", m.str().c_str(), nodes,
-              bytes / 1e6, b);
+  std::printf("calibration: %s, %d node(s), %.0f MB all-reduce: model busbw %.1f GB/s\n", m.str().c_str(),
+              nodes, bytes / 1e6, b);
   return b;
 }
 
@@ -23,10 +23,10 @@ TEST(CostModel, CalibrationPoints) {
   MachineSpec h100;  // 8 x H100 SXM, NVLink4 (18 links), NVLS off
   h100.intraGBs = 18 * 20.6;
   EXPECT_NEAR(busbw(h100, 1), 370.0, 0.15 * 370.0);  // issue/README: 8xH100 NVLink ~370 GB/s (ring)
-  MachineSpec a100 = h100;  // 8 x A100 SXM4, NVLink3 (12 links)
+  MachineSpec a100 = h100;                           // 8 x A100 SXM4, NVLink3 (12 links)
   a100.intraGBs = 12 * 20.0;
   EXPECT_NEAR(busbw(a100, 1), 240.0, 0.15 * 240.0);  // published 230-250 GB/s
-  MachineSpec ndr;  // one GPU and one NDR 400G NIC per node
+  MachineSpec ndr;                                   // one GPU and one NDR 400G NIC per node
   ndr.gpusPerNode = 1;
   ndr.nicsPerNode = 1;
   ndr.nicGbps = 400;
