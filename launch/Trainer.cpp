@@ -32,6 +32,33 @@ namespace mt {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// (loss sum, correct, count) summed over the ranks: the figures one process would compute over the
+// global batch or the whole test set. Counts travel as doubles, exact below 2^53.
+LossStats sumOverRanks(Communicator& comm, const LossStats& local) {
+  Tensor t = Tensor::empty({3}, DType::kF64);
+  t.data<double>()[0] = local.lossSum;
+  t.data<double>()[1] = static_cast<double>(local.correct);
+  t.data<double>()[2] = static_cast<double>(local.count);
+  comm.allReduceSync(t, ReduceOp::kSum);
+  LossStats g;
+  g.lossSum = t.data<double>()[0];
+  g.correct = static_cast<int64_t>(t.data<double>()[1]);
+  g.count = static_cast<int64_t>(t.data<double>()[2]);
+  return g;
+}
+
+EvalResult evalResult(const LossStats& g) {
+  EvalResult e;
+  e.count = g.count;
+  e.loss = g.count ? g.lossSum / static_cast<double>(g.count) : 0.0;
+  e.accuracy = g.count ? static_cast<double>(g.correct) / static_cast<double>(g.count) : 0.0;
+  return e;
+}
+
+}  // namespace
+
 // GPU work is asynchronous: the compute time of a step is measured with events on the compute
 // stream, for the last step of each log interval (read when logStep synchronises anyway).
 struct Trainer::GpuTimers {
@@ -496,16 +523,7 @@ EvalResult Trainer::evaluate() {
       total.correct += s.correct;
       total.count += s.count;
     }
-    Tensor t = Tensor::empty({3}, DType::kF64);
-    t.data<double>()[0] = total.lossSum;
-    t.data<double>()[1] = static_cast<double>(total.correct);
-    t.data<double>()[2] = static_cast<double>(total.count);
-    world_->allReduceSync(t, ReduceOp::kSum);
-    EvalResult e;
-    e.count = static_cast<int64_t>(t.data<double>()[2]);
-    e.loss = e.count ? t.data<double>()[0] / static_cast<double>(e.count) : 0.0;
-    e.accuracy = e.count ? t.data<double>()[1] / static_cast<double>(e.count) : 0.0;
-    return e;
+    return evalResult(sumOverRanks(*world_, total));
   }
   const int64_t localEval = std::max<int64_t>(1, s_.evalBatch / W);
   // Rank r evaluates test examples r, r+W, ...: every example exactly once over all ranks.
@@ -527,26 +545,13 @@ EvalResult Trainer::evaluate() {
     total.correct += s.correct;
     total.count += s.count;
   }
-  Tensor t = Tensor::empty({3}, DType::kF64);
-  t.data<double>()[0] = total.lossSum;
-  t.data<double>()[1] = static_cast<double>(total.correct);
-  t.data<double>()[2] = static_cast<double>(total.count);
-  world_->allReduceSync(t, ReduceOp::kSum);
-  EvalResult e;
-  e.count = static_cast<int64_t>(t.data<double>()[2]);
-  e.loss = e.count ? t.data<double>()[0] / static_cast<double>(e.count) : 0.0;
-  e.accuracy = e.count ? t.data<double>()[1] / static_cast<double>(e.count) : 0.0;
-  return e;
+  return evalResult(sumOverRanks(*world_, total));
 }
 
 void Trainer::logStep(int64_t step, const LossStats& local, double intervalSeconds, int64_t intervalSteps,
                       double waitSeconds) {
   // The step's loss over the global batch (every rank's rows), as a single process would report.
-  Tensor t = Tensor::empty({3}, DType::kF64);
-  t.data<double>()[0] = local.lossSum;
-  t.data<double>()[1] = static_cast<double>(local.correct);
-  t.data<double>()[2] = static_cast<double>(local.count);
-  world_->allReduceSync(t, ReduceOp::kSum);
+  const LossStats global = sumOverRanks(*world_, local);
   // Straggler report: every rank's compute time per step (forward + backward, no gradient wait).
   const int W = world_->size();
   double computePerStep = intervalSteps > 0 ? intervalCompute_ / static_cast<double>(intervalSteps) : 0.0;
@@ -561,9 +566,9 @@ void Trainer::logStep(int64_t step, const LossStats& local, double intervalSecon
   const int slowest = static_cast<int>(std::max_element(ct, ct + W) - ct);
   const double fastest = *std::min_element(ct, ct + W);
   const double spread = fastest > 0 ? ct[slowest] / fastest - 1.0 : 0.0;
-  const double count = t.data<double>()[2];
-  const double loss = count > 0 ? t.data<double>()[0] / count : 0.0;
-  const double acc = count > 0 ? t.data<double>()[1] / count : 0.0;
+  const double count = static_cast<double>(global.count);
+  const double loss = count > 0 ? global.lossSum / count : 0.0;
+  const double acc = count > 0 ? static_cast<double>(global.correct) / count : 0.0;
   const double sps = intervalSeconds > 0 ? static_cast<double>(intervalSteps * s_.globalBatch) / intervalSeconds : 0.0;
   const double stepTime = intervalSteps > 0 ? intervalSeconds / static_cast<double>(intervalSteps) : 0.0;
   const double eta = stepTime * static_cast<double>(totalSteps_ - step - 1);
