@@ -68,39 +68,31 @@ void scaleTensor(Tensor& x, float a) {
   });
 }
 
-void addInto(Tensor& y, const Tensor& x) {
-  checkF32(y, "addInto");
-  checkF32(x, "addInto");
-  MT_CHECK(y.numel() == x.numel() && y.device() == x.device(), "addInto ", x.str(), " into ", y.str());
+namespace {
+
+// y += alpha * x (f32, same device): error feedback's add and subtract.
+void axpyInto(Tensor& y, const Tensor& x, float alpha, const char* who) {
+  checkF32(y, who);
+  checkF32(x, who);
+  MT_CHECK(y.numel() == x.numel() && y.device() == x.device(), who, " ", x.str(), " and ", y.str());
 #ifdef MT_WITH_CUDA
   if (y.device().isCuda()) {
-    cuda::axpy(y.data<float>(), x.data<float>(), 1.f, y.numel());
+    cuda::axpy(y.data<float>(), x.data<float>(), alpha, y.numel());
     return;
   }
 #endif
   float* py = y.data<float>();
   const float* px = x.data<float>();
   parallelFor(y.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) py[i] += px[i];
+    for (int64_t i = lo; i < hi; ++i) py[i] += alpha * px[i];
   });
 }
 
-void subtractFrom(Tensor& y, const Tensor& x) {
-  checkF32(y, "subtractFrom");
-  checkF32(x, "subtractFrom");
-  MT_CHECK(y.numel() == x.numel() && y.device() == x.device(), "subtractFrom ", x.str(), " from ", y.str());
-#ifdef MT_WITH_CUDA
-  if (y.device().isCuda()) {
-    cuda::axpy(y.data<float>(), x.data<float>(), -1.f, y.numel());
-    return;
-  }
-#endif
-  float* py = y.data<float>();
-  const float* px = x.data<float>();
-  parallelFor(y.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) py[i] -= px[i];
-  });
-}
+}  // namespace
+
+void addInto(Tensor& y, const Tensor& x) { axpyInto(y, x, 1.f, "addInto"); }
+
+void subtractFrom(Tensor& y, const Tensor& x) { axpyInto(y, x, -1.f, "subtractFrom"); }
 
 void matmulF32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, const float* B, float beta,
                float* C, Device device) {
