@@ -42,9 +42,17 @@ class Module {
   // The first parameter layer of a model need not compute its input gradient.
   void setNeedsInputGrad(bool needed) { needsInputGrad_ = needed; }
   bool needsInputGrad() const { return needsInputGrad_; }
+  // Activation dtype of the output where the layer supports reduced precision (LayerNorm, Linear,
+  // GELU on CUDA in bf16/f16 matmul precision: the next GEMM reads it without a cast, and it is
+  // cached at half the bytes). Honoured only where activationDType(device) is not f32.
+  void setLowPrecisionOutput(bool low) { lowOutput_ = low; }
 
  protected:
+  // f32, or the matmul dtype when this layer was asked for reduced-precision output and the device
+  // computes in it.
+  DType outputDType(Device d) const;
   bool needsInputGrad_ = true;
+  bool lowOutput_ = false;
 };
 
 }  // namespace mt

@@ -5,6 +5,7 @@
 #include "models/Init.h"
 #include "models/layers/Attention.h"
 #include "models/layers/Embedding.h"
+#include "models/layers/Precision.h"
 
 #ifdef MT_WITH_CUDA
 #include "core/cuda/CudaRuntime.h"
@@ -107,6 +108,16 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   const int64_t valid = validForMean >= 0 ? validForMean
                                           : countValidTargets(batch.targets.device().isCpu() ? batch.targets
                                                                                              : batch.targets.to(Device::cpu()));
+  // Activations between a layer and the GEMM that reads it (LayerNorm, qkv, attention and fc
+  // outputs, GELU) take the matmul dtype on the GPU in reduced precision; the residual stream and
+  // every gradient stay f32.
+  const DType act = matmulDType(dev);
+  for (Block& b : blocks_)
+    for (Module* m : {static_cast<Module*>(b.ln1.get()), static_cast<Module*>(b.qkv.get()),
+                      static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.fc.get()),
+                      static_cast<Module*>(b.gelu.get())})
+      m->setLowPrecisionOutput(true);
+  lnf_->setLowPrecisionOutput(true);
   hookBefore(0, false);
   Tensor x = Tensor::empty({B, T, C}, DType::kF32, dev);
   embeddingForward(x, tokens, wte_->value);
@@ -116,13 +127,8 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
     hookBefore(static_cast<int>(l) + 1, false);
     Tensor h1 = b.ln1->forward(x, ctx);
     Tensor qkv = b.qkv->forward(h1, ctx);
-    Tensor y = Tensor::empty({B, T, C}, DType::kF32, dev);
-    Tensor att = Tensor::empty({B, cfg_.heads, T, T}, DType::kF32, dev);
-    attentionForward(y, att, qkv, cfg_.heads);
-    if (ctx.training) {
-      b.att = att;
-      b.qkvOut = qkv;
-    }
+    Tensor y = Tensor::empty({B, T, C}, act, dev);
+    attentionForward(y, qkv, cfg_.heads, ctx.training ? &b.att : nullptr);
     Tensor x1 = b.proj->forward(y, ctx);
     addInPlace(x1, x);
     Tensor h2 = b.ln2->forward(x1, ctx);
@@ -146,11 +152,13 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
     dlogits_ = Tensor::empty({N, cfg_.paddedVocab}, lowPrecision ? DType::kBF16 : DType::kF32, dev);
   Tensor targets = batch.targets.device() == dev ? batch.targets : batch.targets.to(dev);
   Tensor flatTargets = targets.view({N});
+  // wte in the matmul dtype once for every chunk, and again for backward.
+  Tensor wteOp = castTo(wte_->value, act);
   LossStats total;
   for (int64_t r0 = 0; r0 < N; r0 += cfg_.classifierChunk) {
     const int64_t rows = std::min(cfg_.classifierChunk, N - r0);
     Tensor z = Tensor::empty({rows, cfg_.paddedVocab}, DType::kF32, dev);
-    linearForward(z, xf.narrow(0, r0, rows), wte_->value, nullptr);
+    linearForward(z, xf.narrow(0, r0, rows), wteOp, nullptr);
     LossStats s = softmaxCrossEntropy(z, flatTargets.narrow(0, r0, rows), ctx.training ? &z : nullptr, ctx.lossScale,
                                       valid, cfg_.vocab);
     total.lossSum += s.lossSum;
@@ -170,6 +178,7 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   if (ctx.training) {
     tokens_ = tokens;
     xf_ = xf;
+    wteOp_ = wteOp.sharesStorageWith(wte_->value) ? Tensor() : wteOp;
     B_ = B;
     T_ = T;
   }
@@ -184,10 +193,12 @@ void Gpt::backward(Context& ctx) {
   hookBefore(0, true);
   hookBefore(static_cast<int>(blocks_.size()) + 1, true);
   Tensor dxf = Tensor::empty({N, C}, DType::kF32, dev);
+  const Tensor& wteOp = wteOp_.defined() ? wteOp_ : wte_->value;
   for (int64_t r0 = 0; r0 < N; r0 += cfg_.classifierChunk) {
     const int64_t rows = std::min(cfg_.classifierChunk, N - r0);
     Tensor dz = dlogits_.narrow(0, r0, rows);
-    if (dz.dtype() != DType::kF32) {
+    // The GEMMs read bf16 dlogits as they are when the matmul dtype is bf16 (f16: widened first).
+    if (dz.dtype() != DType::kF32 && dz.dtype() != wteOp.dtype()) {
 #ifdef MT_WITH_CUDA
       Tensor f = Tensor::empty({rows, cfg_.paddedVocab}, DType::kF32, dev);
       cuda::castTensor(f, dz);
@@ -195,10 +206,11 @@ void Gpt::backward(Context& ctx) {
 #endif
     }
     Tensor dxChunk = dxf.narrow(0, r0, rows);
-    linearBackward(&dxChunk, wte_->grad, nullptr, dz, xf_.narrow(0, r0, rows), wte_->value);
+    linearBackward(&dxChunk, wte_->grad, nullptr, dz, xf_.narrow(0, r0, rows), wteOp);
   }
   dlogits_ = Tensor();
   xf_ = Tensor();
+  wteOp_ = Tensor();
   Tensor dx = lnf_->backward(dxf.view({B_, T_, C}), ctx);
   if (hooks_)
     for (Param* p : lnf_->params()) hooks_->gradReady(*p);
@@ -214,10 +226,9 @@ void Gpt::backward(Context& ctx) {
     addInPlace(dx1, dx);
     // x1 = x + proj(attn(qkv(ln1(x))))
     Tensor dy = b.proj->backward(dx1, ctx);
-    Tensor dqkv = Tensor::empty(b.qkvOut.shape(), DType::kF32, dev);
-    attentionBackward(dqkv, dy, b.qkvOut, b.att, cfg_.heads);
-    b.att = Tensor();
-    b.qkvOut = Tensor();
+    Tensor dqkv = Tensor::empty({B_, T_, 3 * C}, DType::kF32, dev);
+    attentionBackward(dqkv, dy, b.att, cfg_.heads);
+    b.att.clear();
     Tensor dh1 = b.qkv->backward(dqkv, ctx);
     Tensor dx0 = b.ln1->backward(dh1, ctx);
     addInPlace(dx0, dx1);
@@ -243,10 +254,11 @@ void Gpt::backward(Context& ctx) {
 
 int64_t Gpt::activationBytes() const {
   int64_t b = dlogits_.defined() ? static_cast<int64_t>(dlogits_.nbytes()) : 0;
+  if (wteOp_.defined()) b += static_cast<int64_t>(wteOp_.nbytes());
   for (const auto& blk : blocks_) {
     b += blk.ln1->cachedBytes() + blk.qkv->cachedBytes() + blk.proj->cachedBytes() + blk.ln2->cachedBytes() +
          blk.fc->cachedBytes() + blk.gelu->cachedBytes() + blk.fcProj->cachedBytes();
-    if (blk.att.defined()) b += static_cast<int64_t>(blk.att.nbytes() + blk.qkvOut.nbytes());
+    b += blk.att.bytes();
   }
   return b + lnf_->cachedBytes();
 }
@@ -258,12 +270,12 @@ void Gpt::clearActivations() {
                       static_cast<Module*>(blk.fc.get()), static_cast<Module*>(blk.gelu.get()),
                       static_cast<Module*>(blk.fcProj.get())})
       m->clearCache();
-    blk.att = Tensor();
-    blk.qkvOut = Tensor();
+    blk.att.clear();
   }
   lnf_->clearCache();
   dlogits_ = Tensor();
   xf_ = Tensor();
+  wteOp_ = Tensor();
   tokens_ = Tensor();
 }
 

@@ -20,6 +20,7 @@
 
 #include "models/Model.h"
 #include "models/layers/Activation.h"
+#include "models/layers/Attention.h"
 #include "models/layers/LayerNorm.h"
 #include "models/layers/Linear.h"
 
@@ -54,8 +55,7 @@ class Gpt final : public Model {
     std::unique_ptr<LayerNorm> ln1, ln2;
     std::unique_ptr<Linear> qkv, proj, fc, fcProj;
     std::unique_ptr<GELU> gelu;
-    Tensor att;  // softmax probabilities [B, H, T, T] (training)
-    Tensor qkvOut;
+    AttentionSaved att;  // what attention backward needs (training)
   };
   void hookBefore(int unit, bool backward);
   void hookAfter(int unit, bool backward);
@@ -67,6 +67,7 @@ class Gpt final : public Model {
   std::unique_ptr<LayerNorm> lnf_;
   // Training state between forward and backward.
   Tensor tokens_, xf_, dlogits_;
+  Tensor wteOp_;  // wte in the matmul dtype for this step (reduced precision only)
   int64_t B_ = 0, T_ = 0;
 };
 

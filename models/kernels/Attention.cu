@@ -1,13 +1,17 @@
-// Causal self-attention on the GPU (math in models/layers/Attention.h): q, k, v are split out of
-// the fused qkv tensor into [B*H, T, d] batches, S = q k^T / sqrt(d) and the outputs are strided
-// batched cuBLASLt GEMMs, and the causal softmax and its backward are row kernels (one block per
-// row). P [B, H, T, T] is kept for the backward. Also the residual add and positional embedding.
+// Causal self-attention on the GPU (math in models/layers/Attention.h). In bf16/f16 matmul
+// precision with a head dim the flash kernels are built for, qkv is cast once to the matmul dtype
+// and handed to models/kernels/FlashAttention.cu as strided views (no split, nothing T x T).
+// Otherwise (f32, other head dims) the reference path: q, k, v are split out of the fused qkv
+// tensor into [B*H, T, d] batches, S = q k^T / sqrt(d) and the outputs are strided batched
+// cuBLASLt GEMMs, and the causal softmax and its backward are row kernels (one block per row);
+// P [B, H, T, T] is kept for the backward. Also the residual add and positional embedding.
 
 #include <cuda_bf16.h>
 
 #include "core/cuda/CudaRuntime.h"
 #include "models/kernels/CudaGemm.h"
 #include "models/kernels/CudaLayers.h"
+#include "models/kernels/FlashAttention.h"
 #include "models/kernels/KernelUtil.cuh"
 
 namespace mt::cuda {
@@ -121,12 +125,15 @@ void batchedGemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alph
   gemm(g);
 }
 
-}  // namespace
-
-void attentionForward(Tensor& y, Tensor& att, const Tensor& qkv, int64_t heads) {
+void referenceForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = heads, d = C / H, BH = B * H;
   cudaStream_t s = currentStream();
   Device dev = qkv.device();
+  Tensor att = Tensor::empty({B, H, T, T}, DType::kF32, dev);
+  if (saved) {
+    saved->qkv = qkv;
+    saved->probs = att;
+  }
   Tensor q = Tensor::empty({BH, T, d}, DType::kF32, dev), k = Tensor::empty({BH, T, d}, DType::kF32, dev),
          v = Tensor::empty({BH, T, d}, DType::kF32, dev), o = Tensor::empty({BH, T, d}, DType::kF32, dev);
   splitHeads<<<gridFor1d(qkv.numel()), 256, 0, s>>>(qkv.data<float>(), q.data<float>(), k.data<float>(),
@@ -138,7 +145,7 @@ void attentionForward(Tensor& y, Tensor& att, const Tensor& qkv, int64_t heads) 
   checkLaunch();
 }
 
-void attentionBackward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& att, int64_t heads) {
+void referenceBackward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& att, int64_t heads) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = heads, d = C / H, BH = B * H;
   cudaStream_t s = currentStream();
   Device dev = qkv.device();
@@ -157,6 +164,88 @@ void attentionBackward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const 
   mergeGrads<<<gridFor1d(dqkv.numel()), 256, 0, s>>>(dqkv.data<float>(), dq.data<float>(), dk.data<float>(),
                                                       dv.data<float>(), B, T, H, d);
   checkLaunch();
+}
+
+
+// The flash path's views of the fused [B, T, 3, H, d] tensor: which = 0, 1, 2 for q, k, v.
+FlashView qkvView(const Tensor& t, int which, int64_t H, int64_t d) {
+  const int64_t T = t.dim(1), C3 = t.dim(2);
+  FlashView v;
+  v.ptr = static_cast<char*>(t.rawData()) + static_cast<size_t>(which * H * d) * dtypeSize(t.dtype());
+  v.dtype = t.dtype();
+  v.sb = T * C3, v.st = C3, v.sh = d;
+  return v;
+}
+FlashView rowsView(const Tensor& t, int64_t d) {  // [B, T, H*d]
+  FlashView v;
+  v.ptr = t.rawData();
+  v.dtype = t.dtype();
+  v.sb = t.dim(1) * t.dim(2), v.st = t.dim(2), v.sh = d;
+  return v;
+}
+FlashProblem problemOf(const Tensor& qkv, int64_t heads) {
+  FlashProblem p;
+  p.B = qkv.dim(0), p.T = qkv.dim(1), p.H = heads, p.D = qkv.dim(2) / 3 / heads;
+  p.scale = 1.f / std::sqrt(static_cast<float>(p.D));
+  return p;
+}
+// The dtype the flash path runs in, or kF32 when it does not apply.
+DType flashDType(int64_t headDim) {
+  const MatmulPrecision prec = CudaRuntime::require().matmulPrecision();
+  if (prec == MatmulPrecision::kF32) return DType::kF32;
+  const DType low = prec == MatmulPrecision::kBF16 ? DType::kBF16 : DType::kF16;
+  return flashSupported(headDim, low) ? low : DType::kF32;
+}
+
+}  // namespace
+
+void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved) {
+  if (saved) saved->clear();
+  const int64_t d = qkv.dim(2) / 3 / heads;
+  const DType low = flashDType(d);
+  if (low == DType::kF32) {
+    // Reference path (f32 throughout): activations that arrive in reduced precision are widened.
+    Tensor q32 = qkv, y32 = y;
+    if (qkv.dtype() != DType::kF32) {
+      q32 = Tensor::empty(qkv.shape(), DType::kF32, qkv.device());
+      castTensor(q32, qkv);
+    }
+    if (y.dtype() != DType::kF32) y32 = Tensor::empty(y.shape(), DType::kF32, y.device());
+    referenceForward(y32, q32, heads, saved);
+    if (!y32.sharesStorageWith(y)) castTensor(y, y32);
+    return;
+  }
+  const FlashProblem p = problemOf(qkv, heads);
+  Tensor qkvLow = qkv;  // read in place when the qkv GEMM already wrote the matmul dtype
+  if (qkv.dtype() != low) {
+    qkvLow = Tensor::empty(qkv.shape(), low, qkv.device());
+    castTensor(qkvLow, qkv);
+  }
+  Tensor lse = Tensor::empty({flashLseElements(p)}, DType::kF32, qkv.device());
+  flashAttentionForward(p, qkvView(qkvLow, 0, p.H, d), qkvView(qkvLow, 1, p.H, d), qkvView(qkvLow, 2, p.H, d),
+                        rowsView(y, d), lse.data<float>(), currentStream());
+  if (saved) {
+    saved->qkvLow = qkvLow;
+    saved->lse = lse;
+    saved->y = y;
+  }
+}
+
+void attentionBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& saved, int64_t heads) {
+  if (!saved.flash()) {
+    MT_CHECK(saved.probs.defined(), "attention backward without a training forward");
+    referenceBackward(dqkv, dy, saved.qkv, saved.probs, heads);
+    return;
+  }
+  const Tensor& qkvLow = saved.qkvLow;
+  const FlashProblem p = problemOf(qkvLow, heads);
+  const int64_t d = p.D;
+  const FlashView dO = rowsView(dy, d), dq = qkvView(dqkv, 0, p.H, d);
+  const size_t wsBytes = flashBackwardWorkspaceBytes(p, qkvLow.dtype(), dO, dq);
+  Tensor ws = Tensor::empty({static_cast<int64_t>(wsBytes)}, DType::kU8, qkvLow.device());
+  flashAttentionBackward(p, qkvView(qkvLow, 0, p.H, d), qkvView(qkvLow, 1, p.H, d), qkvView(qkvLow, 2, p.H, d),
+                         rowsView(saved.y, d), dO, saved.lse.data<float>(), dq, qkvView(dqkv, 1, p.H, d),
+                         qkvView(dqkv, 2, p.H, d), ws.rawData(), wsBytes, currentStream());
 }
 
 void addInPlace(Tensor& y, const Tensor& x) {

@@ -4,6 +4,7 @@
 
 #include "core/Tensor.h"
 #include "models/layers/Activation.h"
+#include "models/layers/Attention.h"
 #include "models/layers/Conv2d.h"
 #include "models/layers/ImageInput.h"
 #include "models/layers/MaxPool2d.h"
@@ -30,8 +31,8 @@ void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, con
                        const Tensor& mean, const Tensor& rstd);
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
                               int64_t validForMean, int64_t validClasses);
-void attentionForward(Tensor& y, Tensor& att, const Tensor& qkv, int64_t heads);
-void attentionBackward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& att, int64_t heads);
+void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved);
+void attentionBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& saved, int64_t heads);
 void addInPlace(Tensor& y, const Tensor& x);
 void addPositional(Tensor& x, const Tensor& wpe);
 void positionalBackward(Tensor& dwpe, const Tensor& dx);

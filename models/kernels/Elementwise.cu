@@ -3,6 +3,7 @@
 // Math as in models/layers/Activation.h, Dropout.h and ImageInput.h.
 
 #include "core/Random.h"
+#include "models/kernels/Convert.cuh"
 #include "models/kernels/CudaLayers.h"
 #include "models/kernels/KernelUtil.cuh"
 
@@ -18,16 +19,19 @@ __global__ void reluFwd(const float* x, float* y, int64_t n) {
 __global__ void reluBwd(const float* dy, const float* y, float* dx, int64_t n) {
   MT_GRID_STRIDE(i, n) { dx[i] = y[i] > 0.f ? dy[i] : 0.f; }
 }
-__global__ void geluFwd(const float* x, float* y, int64_t n, bool tanhForm) {
+// x and y in f32, bf16 or f16 (reduced-precision activations between GEMMs); math in f32.
+template <typename Tin, typename Tout>
+__global__ void geluFwd(const Tin* x, Tout* y, int64_t n, bool tanhForm) {
   MT_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    if (tanhForm) y[i] = 0.5f * v * (1.f + tanhf(kSqrt2OverPi * (v + kGeluCoeff * v * v * v)));
-    else y[i] = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    const float v = toF32(x[i]);
+    if (tanhForm) y[i] = fromF32<Tout>(0.5f * v * (1.f + tanhf(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))));
+    else y[i] = fromF32<Tout>(0.5f * v * (1.f + erff(v * 0.70710678118654752f)));
   }
 }
-__global__ void geluBwd(const float* dy, const float* x, float* dx, int64_t n, bool tanhForm) {
+template <typename Tin>
+__global__ void geluBwd(const float* dy, const Tin* x, float* dx, int64_t n, bool tanhForm) {
   MT_GRID_STRIDE(i, n) {
-    const float v = x[i];
+    const float v = toF32(x[i]);
     float g;
     if (tanhForm) {
       const float t = tanhf(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
@@ -76,13 +80,23 @@ void reluBackward(Tensor& dx, const Tensor& dy, const Tensor& y) {
   checkLaunch();
 }
 void geluForward(Tensor& y, const Tensor& x, GeluKind kind) {
-  geluFwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(x.data<float>(), y.data<float>(), x.numel(),
-                                                              kind == GeluKind::kTanh);
+  dispatchFloat(x.dtype(), [&](auto tin) {
+    using Tin = decltype(tin);
+    dispatchFloat(y.dtype(), [&](auto tout) {
+      using Tout = decltype(tout);
+      geluFwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(static_cast<const Tin*>(x.rawData()),
+                                                                  static_cast<Tout*>(y.rawData()), x.numel(),
+                                                                  kind == GeluKind::kTanh);
+    });
+  });
   checkLaunch();
 }
 void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind) {
-  geluBwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(dy.data<float>(), x.data<float>(), dx.data<float>(),
-                                                              x.numel(), kind == GeluKind::kTanh);
+  dispatchFloat(x.dtype(), [&](auto tin) {
+    using Tin = decltype(tin);
+    geluBwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(dy.data<float>(), static_cast<const Tin*>(x.rawData()),
+                                                                dx.data<float>(), x.numel(), kind == GeluKind::kTanh);
+  });
   checkLaunch();
 }
 void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream) {

@@ -8,7 +8,8 @@
 //         dx = dy W          -> gemm(no, no,   M=rows, N=in,  K=out)          (overwrites)
 //         dW += dy^T x       -> gemm(trans, no, M=out, N=in,  K=rows, beta=1) (accumulates)
 //         db += colsum(dy)   -> column-sum kernel                               (accumulates)
-// In bf16/f16 matmul precision, operands are cast into scratch buffers; results stay f32.
+// In bf16/f16 matmul precision, f32 operands are cast into scratch buffers (operands already in
+// the matmul dtype are read as they are); y may be f32 or the matmul dtype, gradients are f32.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -216,13 +217,22 @@ void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b)
   g.transA = Trans::kNo;
   g.transB = Trans::kYes;
   g.M = N, g.N = O, g.K = I;
+  MT_CHECK(xo.dtype() == wo.dtype(), "linear: x is ", dtypeName(xo.dtype()), ", W is ", dtypeName(wo.dtype()));
   g.A = xo.rawData();
   g.B = wo.rawData();
   g.C = y.rawData();
   g.abType = cudaTypeOf(xo.dtype());
+  g.cType = cudaTypeOf(y.dtype());
+  Tensor bias;
   if (b) {
+    // cuBLASLt's bias has the output's dtype (f32 parameters, cast when y is bf16/f16).
+    bias = *b;
+    if (bias.dtype() != y.dtype()) {
+      bias = Tensor::empty(b->shape(), y.dtype(), b->device());
+      castTensor(bias, *b);
+    }
     g.epilogue = CUBLASLT_EPILOGUE_BIAS;
-    g.bias = b->rawData();
+    g.bias = bias.rawData();
   }
   gemm(g);
 }
@@ -230,9 +240,13 @@ void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b)
 void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w) {
   const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
   const MatmulPrecision prec = CudaRuntime::require().matmulPrecision();
-  Tensor dyo = asOperand(dy, prec);
+  Tensor dyo = asOperand(dy, prec), xo = asOperand(x, prec);
+  MT_CHECK(dyo.dtype() == xo.dtype(), "linear backward: dy is ", dtypeName(dyo.dtype()), ", x is ",
+           dtypeName(xo.dtype()));
   if (dx) {
     Tensor wo = asOperand(w, prec);
+    MT_CHECK(wo.dtype() == dyo.dtype(), "linear backward: W is ", dtypeName(wo.dtype()), ", dy is ",
+             dtypeName(dyo.dtype()));
     GemmCall g;
     g.M = N, g.N = I, g.K = O;
     g.A = dyo.rawData();
@@ -241,7 +255,6 @@ void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const 
     g.abType = cudaTypeOf(dyo.dtype());
     gemm(g);
   }
-  Tensor xo = asOperand(x, prec);
   GemmCall g;
   g.transA = Trans::kYes;
   g.M = O, g.N = I, g.K = N;

@@ -4,6 +4,7 @@
 // fixed tree; each thread owns a fixed set of channels and accumulates their dw/db over the
 // block's rows; per-block partials are summed in block order by a second kernel — deterministic.
 
+#include "models/kernels/Convert.cuh"
 #include "models/kernels/CudaLayers.h"
 #include "models/kernels/KernelUtil.cuh"
 
@@ -11,7 +12,9 @@ namespace mt::cuda {
 
 namespace {
 
-__global__ void lnFwd(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t R,
+// y in f32, bf16 or f16 (the input of the next GEMM in reduced precision).
+template <typename Tout>
+__global__ void lnFwd(const float* x, const float* w, const float* b, Tout* y, float* mean, float* rstd, int64_t R,
                       int64_t C, float eps) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -26,8 +29,8 @@ __global__ void lnFwd(const float* x, const float* w, const float* b, float* y, 
     v += d * d;
   }
   const float rs = rsqrtf(warpSum(v) / static_cast<float>(C) + eps);
-  float* yr = y + row * C;
-  for (int64_t c = lane; c < C; c += 32) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+  Tout* yr = y + row * C;
+  for (int64_t c = lane; c < C; c += 32) yr[c] = fromF32<Tout>((xr[c] - m) * rs * w[c] + b[c]);
   if (lane == 0) {
     if (mean) mean[row] = m;
     if (rstd) rstd[row] = rs;
@@ -91,9 +94,13 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
   const int64_t C = x.dim(-1), R = x.numel() / C;
   const int warpsPerBlock = 8;
   const int blocks = static_cast<int>((R + warpsPerBlock - 1) / warpsPerBlock);
-  lnFwd<<<blocks, warpsPerBlock * 32, 0, currentStream()>>>(x.data<float>(), w.data<float>(), b.data<float>(),
-                                                             y.data<float>(), mean ? mean->data<float>() : nullptr,
-                                                             rstd ? rstd->data<float>() : nullptr, R, C, eps);
+  dispatchFloat(y.dtype(), [&](auto tout) {
+    using Tout = decltype(tout);
+    lnFwd<<<blocks, warpsPerBlock * 32, 0, currentStream()>>>(x.data<float>(), w.data<float>(), b.data<float>(),
+                                                               static_cast<Tout*>(y.rawData()),
+                                                               mean ? mean->data<float>() : nullptr,
+                                                               rstd ? rstd->data<float>() : nullptr, R, C, eps);
+  });
   checkLaunch();
 }
 

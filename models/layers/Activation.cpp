@@ -89,7 +89,7 @@ Tensor ReLU::backward(const Tensor& dy, Context& ctx) {
 }
 
 Tensor GELU::forward(const Tensor& x, Context& ctx) {
-  Tensor y = Tensor::empty(x.shape(), DType::kF32, x.device());
+  Tensor y = Tensor::empty(x.shape(), outputDType(x.device()), x.device());
   geluForward(y, x, kind_);
   if (ctx.training) x_ = x;
   return y;

@@ -24,12 +24,26 @@ void scatterHead(float* qkv, const float* src, int64_t b, int64_t h, int which, 
 }
 }  // namespace
 
-void attentionForward(Tensor& y, Tensor& att, const Tensor& qkv, int64_t heads) {
-  MT_DISPATCH_CUDA(qkv, attentionForward(y, att, qkv, heads));
+int64_t AttentionSaved::bytes() const {
+  int64_t b = 0;
+  for (const Tensor* t : {&qkv, &probs, &qkvLow, &lse})
+    if (t->defined()) b += static_cast<int64_t>(t->nbytes());
+  return b;
+}
+
+void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved) {
+  MT_DISPATCH_CUDA(qkv, attentionForward(y, qkv, heads, saved));
   const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = heads, d = C / H;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   const float* in = qkv.data<float>();
   float* out = y.data<float>();
+  // Inference keeps one head's P at a time; training keeps all of it for backward.
+  Tensor att = Tensor::empty({saved ? B : 1, saved ? H : 1, T, T}, DType::kF32);
+  if (saved) {
+    saved->clear();
+    saved->qkv = qkv;
+    saved->probs = att;
+  }
   float* P = att.data<float>();
   std::vector<float> q(static_cast<size_t>(T * d)), k(q.size()), v(q.size()), o(q.size());
   for (int64_t b = 0; b < B; ++b)
@@ -37,7 +51,7 @@ void attentionForward(Tensor& y, Tensor& att, const Tensor& qkv, int64_t heads) 
       gatherHead(in, q.data(), b, h, 0, T, H, d);
       gatherHead(in, k.data(), b, h, 1, T, H, d);
       gatherHead(in, v.data(), b, h, 2, T, H, d);
-      float* S = P + (b * H + h) * T * T;
+      float* S = saved ? P + (b * H + h) * T * T : P;
       gemmCpu(Trans::kNo, Trans::kYes, T, T, d, scale, q.data(), k.data(), 0.f, S);
       for (int64_t t = 0; t < T; ++t) {
         float* row = S + t * T;
@@ -58,8 +72,11 @@ void attentionForward(Tensor& y, Tensor& att, const Tensor& qkv, int64_t heads) 
     }
 }
 
-void attentionBackward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& att, int64_t heads) {
-  MT_DISPATCH_CUDA(qkv, attentionBackward(dqkv, dy, qkv, att, heads));
+void attentionBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& saved, int64_t heads) {
+  MT_DISPATCH_CUDA(dy, attentionBackward(dqkv, dy, saved, heads));
+  MT_CHECK(saved.probs.defined(), "attention backward without a training forward");
+  const Tensor& qkv = saved.qkv;
+  const Tensor& att = saved.probs;
   const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = heads, d = C / H;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   const float* in = qkv.data<float>();

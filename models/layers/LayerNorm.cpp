@@ -105,7 +105,7 @@ void LayerNorm::initParams(Rng&) {
 
 Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
   MT_CHECK(x.dim(-1) == c_, "layernorm over ", c_, " channels got ", x.str());
-  Tensor y = Tensor::empty(x.shape(), DType::kF32, x.device());
+  Tensor y = Tensor::empty(x.shape(), outputDType(x.device()), x.device());
   const int64_t rows = x.numel() / c_;
   if (ctx.training) {
     x_ = x;

@@ -6,6 +6,7 @@
 #include "models/Init.h"
 #include "models/kernels/Dispatch.h"
 #include "models/layers/Gemm.h"
+#include "models/layers/Precision.h"
 
 namespace mt {
 
@@ -57,9 +58,13 @@ void Linear::initParams(Rng& rng) {
 Tensor Linear::forward(const Tensor& x, Context& ctx) {
   Shape outShape = x.shape();
   outShape.back() = out_;
-  Tensor y = Tensor::empty(outShape, DType::kF32, x.device());
-  linearForward(y, x, w_->value, b_ ? &b_->value : nullptr);
-  if (ctx.training) x_ = x;
+  // In reduced precision the input is cast once here and the cast is what backward reads (half
+  // the cached bytes, no second cast). The weight's cast is not kept: sharded training frees the
+  // gathered weights between forward and backward, and the cast costs ~6 bytes per parameter.
+  Tensor xo = castTo(x, matmulDType(x.device()));
+  Tensor y = Tensor::empty(outShape, outputDType(x.device()), x.device());
+  linearForward(y, xo, w_->value, b_ ? &b_->value : nullptr);
+  if (ctx.training) x_ = xo;
   return y;
 }
 

@@ -5,6 +5,7 @@
 //   dW[O,I] += dy^T · x                   (accumulates)
 //   db[O]   += sum_n dy[n,:]              (accumulates)
 // Leading dimensions of x other than the last are flattened into N.
+// CUDA: x and W may be bf16/f16 (read as they are; f32 ones are cast), y f32 or bf16/f16.
 
 #include "models/Module.h"
 
@@ -34,7 +35,7 @@ class Linear : public Module {
   bool hasBias_;
   Param* w_ = nullptr;
   Param* b_ = nullptr;
-  Tensor x_;
+  Tensor x_;  // the input as the GEMM read it (bf16/f16 in reduced precision)
 };
 
 }  // namespace mt

@@ -43,6 +43,10 @@ case "$what" in
       dist/bin/$t 2>&1 | tee "$out/$t.log" | grep -E "OK|FAILED|PASSED|worst|GPU tests on" || true
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     done
+    echo "=== flash_attention"
+    PYTHONUNBUFFERED=1 python3 tests/models/test_flash_attention.py 2>&1 | tee "$out/flash_attention.log" |
+      grep -E "FAIL|^OK|^Ran|Error" || true
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     echo "=== gpu_training"
     g=GpuTraining
     PYTHONUNBUFFERED=1 python3 tests/launch/test_gpu_training.py -v $g.test_fashion_cnn_accuracy \

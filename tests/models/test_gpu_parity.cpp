@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
+#include <string>
 
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"
@@ -12,6 +14,7 @@
 #include "models/ModelConfig.h"
 #include "models/gpt/Gpt.h"
 #include "models/layers/Activation.h"
+#include "models/layers/Attention.h"
 #include "models/layers/Conv2d.h"
 #include "models/layers/Dropout.h"
 #include "models/layers/Embedding.h"
@@ -307,23 +310,27 @@ TEST(GpuParity, TrainCnnBF16) { trainCase("cnn", Layout::kNHWC, MatmulPrecision:
 
 // GPT-2 on the GPU against PyTorch (tests/models/torch_reference.py, f32 on the CPU): the first 10
 // training losses from the same weights, f32 < 1e-4 and bf16 < 2e-2.
-void gptCase(MatmulPrecision p, double tol) {
+// group "gpt": head dim 8 (the reference attention path); "gpt_d64": head dim 64 (flash in bf16).
+void gptCase(MatmulPrecision p, double tol, const std::string& group = "gpt") {
   const char* ref = std::getenv("PARITY_REF");
   if (!ref) GTEST_SKIP() << "PARITY_REF not set";
   PrecisionScope scope(p);
   H5File f = H5File::open(ref);
+  Tensor cfg = f.readTensor("/" + group + "/config_values");
+  const int64_t* cv = cfg.data<int64_t>();  // V, Vp, T, L, H, C, B
   GptConfig c;
-  c.vocab = 65, c.paddedVocab = 128, c.maxT = 16, c.layers = 2, c.heads = 4, c.channels = 32;
+  c.vocab = cv[0], c.paddedVocab = cv[1], c.maxT = cv[2], c.layers = cv[3], c.heads = cv[4], c.channels = cv[5];
   c.classifierChunk = 24;
   Gpt model(c);
   ParamTable& params = model.params();
   params.materialize(kGpu);
-  for (size_t i = 0; i < params.size(); ++i) params[i].value.copyFrom(f.readTensor("/gpt/init/" + params[i].name).to(kGpu));
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i].value.copyFrom(f.readTensor("/" + group + "/init/" + params[i].name).to(kGpu));
   OptimConfig oc;
   oc.weightDecay = 0.1f;
   oc.beta2 = 0.95f;
   auto opt = makeOptimizer(oc, segmentsOf(params));
-  Tensor tokens = f.readTensor("/gpt/tokens"), losses = f.readTensor("/gpt/losses");
+  Tensor tokens = f.readTensor("/" + group + "/tokens"), losses = f.readTensor("/" + group + "/losses");
   const int64_t steps = tokens.dim(0), B = tokens.dim(1), T = tokens.dim(2) - 1;
   double worst = 0;
   for (int64_t s = 0; s < steps; ++s) {
@@ -343,12 +350,70 @@ void gptCase(MatmulPrecision p, double tol) {
     opt->step(1e-3f);
     worst = std::max(worst, std::fabs(l - losses.data<double>()[s]) / losses.data<double>()[s]);
   }
-  std::printf("gpt precision %d: worst loss relative difference to PyTorch over 10 steps %.2e\n", static_cast<int>(p),
-              worst);
+  std::printf("%s precision %d: worst loss relative difference to PyTorch over 10 steps %.2e\n", group.c_str(),
+              static_cast<int>(p), worst);
   EXPECT_LT(worst, tol);
 }
 TEST(GpuParity, GptF32MatchesPyTorch) { gptCase(MatmulPrecision::kF32, kF32); }
 TEST(GpuParity, GptBF16MatchesPyTorch) { gptCase(MatmulPrecision::kBF16, kBF16); }
+TEST(GpuParity, GptD64F32MatchesPyTorch) { gptCase(MatmulPrecision::kF32, kF32, "gpt_d64"); }
+TEST(GpuParity, GptD64BF16FlashMatchesPyTorch) { gptCase(MatmulPrecision::kBF16, kBF16, "gpt_d64"); }
+
+// Flash attention (bf16 operands) against the CPU reference (f32) on fresh random inputs each run,
+// GPU outputs poisoned with NaN first: relative L2 error of y and of each of dq, dk, dv < 1e-2.
+// Relative L2 error of one of `parts` column blocks; the denominator is at least `floor` (a
+// gradient that is exactly zero, as dq and dk at T = 1, is judged against the scale of dy).
+double partErr(const Tensor& gpuT, const Tensor& cpuT, int64_t parts, int64_t part, double floor = 0) {
+  Tensor g = gpuT.to(Device::cpu());
+  const float* a = g.data<float>();
+  const float* b = cpuT.data<float>();
+  const int64_t row = cpuT.dim(-1), w = row / parts, rows = cpuT.numel() / row;
+  double num = 0, den = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = part * w; j < (part + 1) * w; ++j) {
+      const double x = a[r * row + j], y = b[r * row + j];
+      if (!std::isfinite(x)) return INFINITY;
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+  return std::sqrt(num / std::max(den, std::max(floor * floor, 1e-300)));
+}
+
+TEST(GpuParity, FlashAttentionMatchesCpu) {
+  PrecisionScope scope(MatmulPrecision::kBF16);
+  const uint64_t seed = std::random_device{}();
+  std::printf("flash attention: seed %llu\n", static_cast<unsigned long long>(seed));
+  for (int64_t T : {1, 17, 1000, 1024, 2048}) {
+    for (int64_t D : {64, 128}) {
+      const int64_t B = T > 1024 ? 1 : 2, H = 2, C = H * D;
+      Tensor qkv = randomTensor({B, T, 3 * C}, seed + T + D, 2.f), dy = randomTensor({B, T, C}, seed + T + D + 1);
+      Tensor y = Tensor::empty({B, T, C}, DType::kF32), dqkv = Tensor::empty({B, T, 3 * C}, DType::kF32);
+      AttentionSaved saved;
+      attentionForward(y, qkv, H, &saved);
+      attentionBackward(dqkv, dy, saved, H);
+      Tensor poisonY = Tensor::empty(y.shape(), DType::kF32), poisonG = Tensor::empty(dqkv.shape(), DType::kF32);
+      poisonY.fill_(NAN);
+      poisonG.fill_(NAN);
+      Tensor gy = gpu(poisonY), gdqkv = gpu(poisonG);
+      AttentionSaved gs;
+      attentionForward(gy, gpu(qkv), H, &gs);
+      ASSERT_TRUE(gs.flash()) << "bf16 attention with head dim " << D << " did not take the flash path";
+      EXPECT_FALSE(gs.probs.defined());
+      attentionBackward(gdqkv, gpu(dy), gs, H);
+      double dyNorm = 0;
+      for (int64_t i = 0; i < dy.numel(); ++i) dyNorm += static_cast<double>(dy.data<float>()[i]) * dy.data<float>()[i];
+      const double floor = 1e-4 * std::sqrt(dyNorm);
+      const double ey = partErr(gy, y, 1, 0), eq = partErr(gdqkv, dqkv, 3, 0, floor),
+                   ek = partErr(gdqkv, dqkv, 3, 1, floor), ev = partErr(gdqkv, dqkv, 3, 2, floor);
+      std::printf("flash attention T=%lld D=%lld: y %.2e dq %.2e dk %.2e dv %.2e\n", static_cast<long long>(T),
+                  static_cast<long long>(D), ey, eq, ek, ev);
+      EXPECT_LT(ey, 1e-2) << "T=" << T << " D=" << D;
+      EXPECT_LT(eq, 1e-2) << "T=" << T << " D=" << D;
+      EXPECT_LT(ek, 1e-2) << "T=" << T << " D=" << D;
+      EXPECT_LT(ev, 1e-2) << "T=" << T << " D=" << D;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace mt

@@ -271,11 +271,12 @@ class TorchGpt(torch.nn.Module):
         return {k: t2n(v) for k, v in out.items()}
 
 
-def gpt_case(h5, steps=10):
-    V, Vp, T, L, H, C, B = 65, 128, 16, 2, 4, 32, 4
+def gpt_case(h5, name="gpt", H=4, C=32, T=16, steps=10):
+    """Head dim C / H: 8 takes meshtrain's reference attention, 64 its flash kernels on the GPU."""
+    V, Vp, L, B = 65, 128, 2, 4
     torch.manual_seed(5)
     model = TorchGpt(V, Vp, T, L, H, C)
-    g = h5.create_group("gpt")
+    g = h5.create_group(name)
     for k, v in model.export().items():
         g.create_dataset("init/" + k, data=v)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -294,6 +295,7 @@ def gpt_case(h5, steps=10):
     g.create_dataset("tokens", data=t2n(data).astype(np.int32))
     g.create_dataset("losses", data=np.array(losses, dtype=np.float64))
     g.attrs["config"] = np.array([V, Vp, T, L, H, C, B])
+    g.create_dataset("config_values", data=np.array([V, Vp, T, L, H, C, B], dtype=np.int64))
 
 
 def main():
@@ -312,6 +314,7 @@ def main():
         cnn = Cnn((8, 16), 32)
         train_case(h5, "cnn_nchw_adamw", cnn, "nchw", "adamw", clip=0.5)
         gpt_case(h5)
+        gpt_case(h5, "gpt_d64", H=2, C=128, T=40)
     print(f"wrote {out} (torch {torch.__version__})")
 
 
