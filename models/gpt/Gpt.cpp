@@ -143,13 +143,10 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   Tensor xf = lnf_->forward(x, ctx).view({N, C});
   hookAfter(static_cast<int>(blocks_.size()) + 1, false);
 
-  // Classifier + loss, chunk by chunk; the logits buffer becomes the gradient in place.
-  bool lowPrecision = false;
-#ifdef MT_WITH_CUDA
-  lowPrecision = dev.isCuda() && CudaRuntime::require().matmulPrecision() != MatmulPrecision::kF32;
-#endif
-  if (ctx.training)
-    dlogits_ = Tensor::empty({N, cfg_.paddedVocab}, lowPrecision ? DType::kBF16 : DType::kF32, dev);
+  // Classifier + loss, chunk by chunk: the GEMM writes each chunk of logits straight into the
+  // gradient buffer (in the matmul dtype on the GPU in reduced precision), and the fused
+  // softmax-cross-entropy turns it into the gradient in place; f32 logits never exist there.
+  if (ctx.training) dlogits_ = Tensor::empty({N, cfg_.paddedVocab}, act, dev);
   Tensor targets = batch.targets.device() == dev ? batch.targets : batch.targets.to(dev);
   Tensor flatTargets = targets.view({N});
   // wte in the matmul dtype once for every chunk, and again for backward.
@@ -157,23 +154,13 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   LossStats total;
   for (int64_t r0 = 0; r0 < N; r0 += cfg_.classifierChunk) {
     const int64_t rows = std::min(cfg_.classifierChunk, N - r0);
-    Tensor z = Tensor::empty({rows, cfg_.paddedVocab}, DType::kF32, dev);
+    Tensor z = ctx.training ? dlogits_.narrow(0, r0, rows) : Tensor::empty({rows, cfg_.paddedVocab}, act, dev);
     linearForward(z, xf.narrow(0, r0, rows), wteOp, nullptr);
     LossStats s = softmaxCrossEntropy(z, flatTargets.narrow(0, r0, rows), ctx.training ? &z : nullptr, ctx.lossScale,
                                       valid, cfg_.vocab);
     total.lossSum += s.lossSum;
     total.correct += s.correct;
     total.count += s.count;
-    if (ctx.training) {
-      Tensor dst = dlogits_.narrow(0, r0, rows);
-#ifdef MT_WITH_CUDA
-      if (lowPrecision) {
-        cuda::castTensor(dst, z);
-        continue;
-      }
-#endif
-      dst.copyFrom(z);
-    }
   }
   if (ctx.training) {
     tokens_ = tokens;
@@ -197,14 +184,6 @@ void Gpt::backward(Context& ctx) {
   for (int64_t r0 = 0; r0 < N; r0 += cfg_.classifierChunk) {
     const int64_t rows = std::min(cfg_.classifierChunk, N - r0);
     Tensor dz = dlogits_.narrow(0, r0, rows);
-    // The GEMMs read bf16 dlogits as they are when the matmul dtype is bf16 (f16: widened first).
-    if (dz.dtype() != DType::kF32 && dz.dtype() != wteOp.dtype()) {
-#ifdef MT_WITH_CUDA
-      Tensor f = Tensor::empty({rows, cfg_.paddedVocab}, DType::kF32, dev);
-      cuda::castTensor(f, dz);
-      dz = f;
-#endif
-    }
     Tensor dxChunk = dxf.narrow(0, r0, rows);
     linearBackward(&dxChunk, wte_->grad, nullptr, dz, xf_.narrow(0, r0, rows), wteOp);
   }
@@ -226,7 +205,8 @@ void Gpt::backward(Context& ctx) {
     addInPlace(dx1, dx);
     // x1 = x + proj(attn(qkv(ln1(x))))
     Tensor dy = b.proj->backward(dx1, ctx);
-    Tensor dqkv = Tensor::empty({B_, T_, 3 * C}, DType::kF32, dev);
+    // In the matmul dtype: the qkv GEMMs read it without a cast.
+    Tensor dqkv = Tensor::empty({B_, T_, 3 * C}, xf_.dtype(), dev);
     attentionBackward(dqkv, dy, b.att, cfg_.heads);
     b.att.clear();
     Tensor dh1 = b.qkv->backward(dqkv, ctx);

@@ -5,9 +5,11 @@
 //   x0 = wte[tokens] + wpe[:T]
 //   block l:  h = x + proj(attn(qkv(ln1(x)))),   x' = h + fc2(gelu(fc1(ln2(h))))
 //   logits = lnf(x_L) wte^T,   loss = mean cross-entropy over valid targets
-// The classifier is fused with the loss: logits are made chunk by chunk, turned in place into their
-// gradient (softmax - onehot) / N, and kept only as that gradient (bf16 on the GPU in reduced
-// precision), so f32 logits are never held twice. Backward accumulates into Param::grad.
+// The classifier is fused with the loss: logits are made chunk by chunk straight into the gradient
+// buffer and turned in place into their gradient (softmax - onehot) / N (in the matmul dtype on
+// the GPU in reduced precision). There, activations that feed a GEMM (LayerNorm, qkv, attention,
+// fc and GELU outputs, and the gradients dqkv and dGELU) are in the matmul dtype as well; the
+// residual stream and the other gradients stay f32. Backward accumulates into Param::grad.
 // Init (GPT-2): N(0, 0.02) weights, N(0, 0.01) positions, residual projections N(0, 0.02/sqrt(2L)),
 // zero biases, unit LayerNorm gains.
 //

@@ -234,7 +234,14 @@ void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSave
 void attentionBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& saved, int64_t heads) {
   if (!saved.flash()) {
     MT_CHECK(saved.probs.defined(), "attention backward without a training forward");
-    referenceBackward(dqkv, dy, saved.qkv, saved.probs, heads);
+    Tensor d32 = dqkv, dy32 = dy;
+    if (dqkv.dtype() != DType::kF32) d32 = Tensor::empty(dqkv.shape(), DType::kF32, dqkv.device());
+    if (dy.dtype() != DType::kF32) {
+      dy32 = Tensor::empty(dy.shape(), DType::kF32, dy.device());
+      castTensor(dy32, dy);
+    }
+    referenceBackward(d32, dy32, saved.qkv, saved.probs, heads);
+    if (!d32.sharesStorageWith(dqkv)) castTensor(dqkv, d32);
     return;
   }
   const Tensor& qkvLow = saved.qkvLow;

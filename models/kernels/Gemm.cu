@@ -20,6 +20,7 @@
 
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"
+#include "models/kernels/Convert.cuh"
 #include "models/kernels/CudaGemm.h"
 #include "models/kernels/CudaLayers.h"
 
@@ -141,13 +142,14 @@ int gridFor(int64_t n, int block = 256) { return static_cast<int>(std::min<int64
 
 // Column sums of dy [R, C] added to db [C], deterministic: partials over fixed row chunks.
 constexpr int kRowsPerChunk = 256;
-__global__ void colSumPartial(const float* dy, float* part, int64_t R, int64_t C) {
+template <typename T>
+__global__ void colSumPartial(const T* dy, float* part, int64_t R, int64_t C) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t chunk = blockIdx.y;
   if (c >= C) return;
   const int64_t r0 = chunk * kRowsPerChunk, r1 = min(R, r0 + kRowsPerChunk);
   float acc = 0.f;
-  for (int64_t r = r0; r < r1; ++r) acc += dy[r * C + c];
+  for (int64_t r = r0; r < r1; ++r) acc += toF32(dy[r * C + c]);
   part[chunk * C + c] = acc;
 }
 __global__ void colSumFinal(const float* part, float* db, int64_t chunks, int64_t C) {
@@ -268,7 +270,10 @@ void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const 
     const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
     Tensor part = Tensor::empty({chunks, O}, DType::kF32, dy.device());
     dim3 grid(static_cast<unsigned>((O + 255) / 256), static_cast<unsigned>(chunks));
-    colSumPartial<<<grid, 256, 0, currentStream()>>>(dy.data<float>(), part.data<float>(), N, O);
+    dispatchFloat(dy.dtype(), [&](auto t) {
+      using T = decltype(t);
+      colSumPartial<<<grid, 256, 0, currentStream()>>>(static_cast<const T*>(dy.rawData()), part.data<float>(), N, O);
+    });
     colSumFinal<<<static_cast<unsigned>((O + 255) / 256), 256, 0, currentStream()>>>(part.data<float>(),
                                                                                     db->data<float>(), chunks, O);
     CUDA_CHECK(cudaGetLastError());

@@ -1,8 +1,12 @@
 // Fused softmax + cross-entropy: one block per row computes max, log-sum-exp, the row's loss and
-// whether argmax == target, and writes dlogits = scale * (softmax - onehot) / valid directly, so
-// the probabilities are never stored. Per-row results are reduced on the device and three numbers
+// whether argmax == target in one online pass, and writes dlogits = scale * (softmax - onehot) /
+// valid in a second, in place over f32 or bf16/f16 logits, so the probabilities are never stored. Per-row results are reduced on the device and three numbers
 // (loss sum, correct, count) come back to the host.
 
+#include <climits>
+#include <type_traits>
+
+#include "models/kernels/Convert.cuh"
 #include "models/kernels/CudaLayers.h"
 #include "models/kernels/KernelUtil.cuh"
 
@@ -10,45 +14,90 @@ namespace mt::cuda {
 
 namespace {
 
-template <typename T>
-__global__ void ceRows(const float* z, const T* targets, float* dz, double* rowLoss, int* rowCorrect, int* rowValid,
+// Running (max, sum of exp(z - max), first index of the max) of a row, merged across threads.
+struct RowStat {
+  float m, s;
+  int a;
+};
+__device__ __forceinline__ RowStat mergeStat(RowStat x, RowStat y) {
+  const float m = fmaxf(x.m, y.m);
+  RowStat r;
+  r.m = m;
+  r.s = (x.m == -INFINITY ? 0.f : x.s * __expf(x.m - m)) + (y.m == -INFINITY ? 0.f : y.s * __expf(y.m - m));
+  r.a = x.m > y.m ? x.a : y.m > x.m ? y.a : min(x.a, y.a);
+  return r;
+}
+
+// One block per row, two passes: an online max / sum-exp / argmax, then the gradient written in
+// place (dz may alias z). TZ: f32 or bf16/f16 logits (the classifier GEMM writes them in the
+// matmul dtype; the math is f32); V elements per 16-byte load.
+template <typename TZ, typename TT, int V>
+__global__ void ceRows(const TZ* z, const TT* targets, TZ* dz, double* rowLoss, int* rowCorrect, int* rowValid,
                        int* badTarget, int64_t C, int64_t stride, float inv) {
-  __shared__ float red[32];
-  __shared__ int argShared;
+  __shared__ RowStat red[32];
+  __shared__ float ztShared;
   const int64_t r = blockIdx.x;
-  const float* zr = z + r * stride;
+  const TZ* zr = z + r * stride;
   const int64_t t = static_cast<int64_t>(targets[r]);
-  float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, zr[c]);
-  mx = blockMax(mx, red);
-  // First index of the maximum (PyTorch's argmax): smallest c with zr[c] == mx.
-  if (threadIdx.x == 0) argShared = static_cast<int>(C);
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    if (zr[c] == mx) atomicMin(&argShared, static_cast<int>(c));
-  float s = 0.f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(zr[c] - mx);
-  s = blockSum(s, red);
-  const float logSum = logf(s);
   const bool valid = t != -100;
-  if (valid && (t < 0 || t >= C)) {
+  if (valid && (t < 0 || t >= C)) {  // uniform over the block
     if (threadIdx.x == 0) atomicExch(badTarget, 1);
     return;
   }
-  // zr[t] is read before the gradient may overwrite it (dz can alias z).
-  const float zt = valid ? zr[t] : 0.f;
-  __syncthreads();
-  if (dz) {
-    float* dr = dz + r * stride;
-    for (int64_t c = threadIdx.x; c < stride; c += blockDim.x) {
-      const float p = c < C ? expf(zr[c] - mx - logSum) : 0.f;
-      dr[c] = valid && c < C ? (p - (c == t ? 1.f : 0.f)) * inv : 0.f;
+  // z[t] is read before any thread may overwrite it with the gradient.
+  if (threadIdx.x == 0) ztShared = valid ? toF32(zr[t]) : 0.f;
+  RowStat st{-INFINITY, 0.f, INT_MAX};
+  for (int64_t c0 = static_cast<int64_t>(threadIdx.x) * V; c0 < C; c0 += static_cast<int64_t>(blockDim.x) * V) {
+    TZ buf[V];
+    if constexpr (V > 1) *reinterpret_cast<uint4*>(buf) = *reinterpret_cast<const uint4*>(zr + c0);
+    else buf[0] = zr[c0];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      if (c0 + i >= C) break;
+      const float v = toF32(buf[i]);
+      if (v > st.m) {
+        st.s = st.s * __expf(st.m - v) + 1.f;
+        st.m = v;
+        st.a = static_cast<int>(c0 + i);
+      } else {
+        st.s += __expf(v - st.m);
+      }
     }
   }
+  for (int o = 16; o > 0; o >>= 1) {
+    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
+                  __shfl_xor_sync(0xffffffffu, st.a, o)};
+    st = mergeStat(st, other);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) red[warp] = st;
   __syncthreads();
+  st = lane < warps ? red[lane] : RowStat{-INFINITY, 0.f, INT_MAX};
+  for (int o = 16; o > 0; o >>= 1) {
+    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
+                  __shfl_xor_sync(0xffffffffu, st.a, o)};
+    st = mergeStat(st, other);
+  }
+  const float lse = st.m + logf(st.s);
+  if (dz) {
+    TZ* dr = dz + r * stride;
+    for (int64_t c0 = static_cast<int64_t>(threadIdx.x) * V; c0 < stride; c0 += static_cast<int64_t>(blockDim.x) * V) {
+      TZ buf[V];
+      if constexpr (V > 1) *reinterpret_cast<uint4*>(buf) = *reinterpret_cast<const uint4*>(zr + c0);
+      else buf[0] = zr[c0];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const int64_t c = c0 + i;
+        const float p = c < C ? __expf(toF32(buf[i]) - lse) : 0.f;
+        buf[i] = fromF32<TZ>(valid && c < C ? (p - (c == t ? 1.f : 0.f)) * inv : 0.f);
+      }
+      if constexpr (V > 1) *reinterpret_cast<uint4*>(dr + c0) = *reinterpret_cast<const uint4*>(buf);
+      else dr[c0] = buf[0];
+    }
+  }
   if (threadIdx.x == 0) {
-    rowLoss[r] = valid ? static_cast<double>(logSum) - static_cast<double>(zt - mx) : 0.0;
-    rowCorrect[r] = valid && argShared == t ? 1 : 0;
+    rowLoss[r] = valid ? static_cast<double>(lse) - static_cast<double>(ztShared) : 0.0;
+    rowCorrect[r] = valid && st.a == t ? 1 : 0;
     rowValid[r] = valid ? 1 : 0;
   }
 }
@@ -110,14 +159,29 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
   Tensor out = Tensor::empty({3}, DType::kF64, d);
   const int threads = C >= 1024 ? 1024 : C >= 256 ? 256 : 64;
   if (N > 0) {
-    if (t64)
-      ceRows<<<static_cast<unsigned>(N), threads, 0, s>>>(logits.data<float>(), t64,
-                                                           dlogits ? dlogits->data<float>() : nullptr,
-                                                           rowLoss.data<double>(), correct, valid, bad, C, stride, inv);
-    else
-      ceRows<<<static_cast<unsigned>(N), threads, 0, s>>>(logits.data<float>(), t32,
-                                                           dlogits ? dlogits->data<float>() : nullptr,
-                                                           rowLoss.data<double>(), correct, valid, bad, C, stride, inv);
+    MT_CHECK(!dlogits || dlogits->dtype() == logits.dtype(), "softmax cross-entropy: logits ",
+             dtypeName(logits.dtype()), ", dlogits ", dtypeName(dlogits->dtype()));
+    dispatchFloat(logits.dtype(), [&](auto tz) {
+      using TZ = decltype(tz);
+      constexpr int V = 16 / sizeof(TZ);
+      const bool vec = stride % V == 0 && reinterpret_cast<uintptr_t>(logits.rawData()) % 16 == 0 &&
+                       (!dlogits || reinterpret_cast<uintptr_t>(dlogits->rawData()) % 16 == 0);
+      const TZ* zp = static_cast<const TZ*>(logits.rawData());
+      TZ* dp = dlogits ? static_cast<TZ*>(dlogits->rawData()) : nullptr;
+      auto launch = [&](auto tt, auto vecTag) {
+        using TT = std::remove_cv_t<std::remove_pointer_t<decltype(tt)>>;
+        constexpr int kV = decltype(vecTag)::value;
+        ceRows<TZ, TT, kV><<<static_cast<unsigned>(N), threads, 0, s>>>(zp, tt, dp, rowLoss.data<double>(), correct,
+                                                                         valid, bad, C, stride, inv);
+      };
+      if (t64) {
+        if (vec) launch(t64, std::integral_constant<int, V>{});
+        else launch(t64, std::integral_constant<int, 1>{});
+      } else {
+        if (vec) launch(t32, std::integral_constant<int, V>{});
+        else launch(t32, std::integral_constant<int, 1>{});
+      }
+    });
   }
   ceReduce<<<1, 256, 0, s>>>(rowLoss.data<double>(), correct, valid, N, out.data<double>());
   checkLaunch();

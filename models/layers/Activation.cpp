@@ -97,7 +97,8 @@ Tensor GELU::forward(const Tensor& x, Context& ctx) {
 
 Tensor GELU::backward(const Tensor& dy, Context& ctx) {
   MT_CHECK(x_.defined(), "GELU::backward without a training forward");
-  Tensor dx = Tensor::empty(dy.shape(), DType::kF32, dy.device());
+  // The gradient goes to a GEMM (the layer before): in the matmul dtype when the output was.
+  Tensor dx = Tensor::empty(dy.shape(), outputDType(dy.device()), dy.device());
   geluBackward(dx, dy, x_, kind_);
   x_ = Tensor();
   return dx;
