@@ -118,6 +118,10 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
                       static_cast<Module*>(b.gelu.get())})
       m->setLowPrecisionOutput(true);
   lnf_->setLowPrecisionOutput(true);
+  for (Block& b : blocks_) {  // their input gradients go to attention backward / GELU backward
+    b.proj->setLowPrecisionInputGrad(true);
+    b.fcProj->setLowPrecisionInputGrad(true);
+  }
   hookBefore(0, false);
   Tensor x = Tensor::empty({B, T, C}, DType::kF32, dev);
   embeddingForward(x, tokens, wte_->value);
@@ -129,13 +133,11 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
     Tensor qkv = b.qkv->forward(h1, ctx);
     Tensor y = Tensor::empty({B, T, C}, act, dev);
     attentionForward(y, qkv, cfg_.heads, ctx.training ? &b.att : nullptr);
-    Tensor x1 = b.proj->forward(y, ctx);
-    addInPlace(x1, x);
+    Tensor x1 = b.proj->forwardAdd(y, x, ctx);  // residual added by the GEMM
     Tensor h2 = b.ln2->forward(x1, ctx);
     Tensor f = b.fc->forward(h2, ctx);
     Tensor g = b.gelu->forward(f, ctx);
-    Tensor x2 = b.fcProj->forward(g, ctx);
-    addInPlace(x2, x1);
+    Tensor x2 = b.fcProj->forwardAdd(g, x1, ctx);
     x = x2;
     hookAfter(static_cast<int>(l) + 1, false);
   }
@@ -201,8 +203,7 @@ void Gpt::backward(Context& ctx) {
     Tensor dg = b.fcProj->backward(dx, ctx);
     Tensor df = b.gelu->backward(dg, ctx);
     Tensor dh2 = b.fc->backward(df, ctx);
-    Tensor dx1 = b.ln2->backward(dh2, ctx);
-    addInPlace(dx1, dx);
+    Tensor dx1 = b.ln2->backwardAdd(dh2, dx, ctx);  // + the residual branch's gradient, one pass
     // x1 = x + proj(attn(qkv(ln1(x))))
     Tensor dy = b.proj->backward(dx1, ctx);
     // In the matmul dtype: the qkv GEMMs read it without a cast.
@@ -210,8 +211,7 @@ void Gpt::backward(Context& ctx) {
     attentionBackward(dqkv, dy, b.att, cfg_.heads);
     b.att.clear();
     Tensor dh1 = b.qkv->backward(dqkv, ctx);
-    Tensor dx0 = b.ln1->backward(dh1, ctx);
-    addInPlace(dx0, dx1);
+    Tensor dx0 = b.ln1->backwardAdd(dh1, dx1, ctx);
     dx = dx0;
     if (hooks_) {
       for (Module* m : {static_cast<Module*>(b.fcProj.get()), static_cast<Module*>(b.fc.get()),

@@ -16,7 +16,8 @@ struct GemmCall {
   float alpha = 1.f, beta = 0.f;
   const void* A = nullptr;
   const void* B = nullptr;
-  void* C = nullptr;                 // also D (in place)
+  void* C = nullptr;                 // D, and C unless Cin is set
+  const void* Cin = nullptr;         // C (read when beta != 0) when it is not D
   cudaDataType_t abType = CUDA_R_32F;
   cudaDataType_t cType = CUDA_R_32F;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;

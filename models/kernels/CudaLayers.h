@@ -12,7 +12,7 @@
 
 namespace mt::cuda {
 
-void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b);
+void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual);
 void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w);
 void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g);
 void conv2dBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& col,
@@ -28,7 +28,7 @@ void dropoutBackward(Tensor& dx, const Tensor& dy, const Tensor& mask, float p);
 void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                       float eps);
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& mean, const Tensor& rstd);
+                       const Tensor& mean, const Tensor& rstd, const Tensor* residual);
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
                               int64_t validForMean, int64_t validClasses);
 void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved);

@@ -28,8 +28,8 @@ __global__ void geluFwd(const Tin* x, Tout* y, int64_t n, bool tanhForm) {
     else y[i] = fromF32<Tout>(0.5f * v * (1.f + erff(v * 0.70710678118654752f)));
   }
 }
-template <typename Tin, typename Tdx>
-__global__ void geluBwd(const float* dy, const Tin* x, Tdx* dx, int64_t n, bool tanhForm) {
+template <typename Tdy, typename Tin, typename Tdx>
+__global__ void geluBwd(const Tdy* dy, const Tin* x, Tdx* dx, int64_t n, bool tanhForm) {
   MT_GRID_STRIDE(i, n) {
     const float v = toF32(x[i]);
     float g;
@@ -39,7 +39,7 @@ __global__ void geluBwd(const float* dy, const Tin* x, Tdx* dx, int64_t n, bool 
     } else {
       g = 0.5f * (1.f + erff(v * 0.70710678118654752f)) + v * expf(-0.5f * v * v) * 0.3989422804014327f;
     }
-    dx[i] = fromF32<Tdx>(dy[i] * g);
+    dx[i] = fromF32<Tdx>(toF32(dy[i]) * g);
   }
 }
 __global__ void dropoutFwd(const float* x, float* y, uint8_t* mask, int64_t n, float p, float scale, uint64_t seed,
@@ -96,9 +96,13 @@ void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind) 
     using Tin = decltype(tin);
     dispatchFloat(dx.dtype(), [&](auto tdx) {
       using Tdx = decltype(tdx);
-      geluBwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(dy.data<float>(), static_cast<const Tin*>(x.rawData()),
-                                                                  static_cast<Tdx*>(dx.rawData()), x.numel(),
-                                                                  kind == GeluKind::kTanh);
+      dispatchFloat(dy.dtype(), [&](auto tdy) {
+        using Tdy = decltype(tdy);
+        geluBwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(static_cast<const Tdy*>(dy.rawData()),
+                                                                    static_cast<const Tin*>(x.rawData()),
+                                                                    static_cast<Tdx*>(dx.rawData()), x.numel(),
+                                                                    kind == GeluKind::kTanh);
+      });
     });
   });
   checkLaunch();

@@ -207,11 +207,12 @@ void gemm(const GemmCall& g) {
   if (g.aux)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
   void* ws = rt.workspace(kGemmWorkspace);
-  CUBLAS_CHECK(cublasLtMatmul(rt.cublasLt(), p.op, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algo,
+  CUBLAS_CHECK(cublasLtMatmul(rt.cublasLt(), p.op, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.Cin ? g.Cin : g.C, p.c, g.C,
+                              p.c, &p.algo,
                               ws, kGemmWorkspace, currentStream()));
 }
 
-void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) {
+void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual) {
   const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
   const MatmulPrecision prec = CudaRuntime::require().matmulPrecision();
   Tensor xo = asOperand(x, prec), wo = asOperand(w, prec);
@@ -236,6 +237,12 @@ void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b)
     g.epilogue = CUBLASLT_EPILOGUE_BIAS;
     g.bias = bias.rawData();
   }
+  if (residual) {  // y = x W^T + b + residual: the GEMM reads the residual as C (beta = 1)
+    MT_CHECK(residual->dtype() == y.dtype() && residual->numel() == y.numel(), "linear residual ", residual->str(),
+             " for ", y.str());
+    g.beta = 1.f;
+    g.Cin = residual->rawData();
+  }
   gemm(g);
 }
 
@@ -255,6 +262,7 @@ void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const 
     g.B = wo.rawData();
     g.C = dx->rawData();
     g.abType = cudaTypeOf(dyo.dtype());
+    g.cType = cudaTypeOf(dx->dtype());
     gemm(g);
   }
   GemmCall g;

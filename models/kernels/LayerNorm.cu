@@ -41,7 +41,7 @@ constexpr int kLnBwdThreads = 256;
 constexpr int kLnRowsPerBlock = 32;
 
 __global__ void lnBwd(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                      float* dx, float* partW, float* partB, int64_t R, int64_t C) {
+                      const float* residual, float* dx, float* partW, float* partB, int64_t R, int64_t C) {
   extern __shared__ float acc[];  // [2*C]: this block's dw and db partials, each channel owned by one thread
   __shared__ float red[32];
   for (int64_t c = threadIdx.x; c < 2 * C; c += blockDim.x) acc[c] = 0.f;
@@ -65,7 +65,7 @@ __global__ void lnBwd(const float* dy, const float* x, const float* w, const flo
     float* dxr = dx + r * C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       const float n = (xr[c] - m) * rs;
-      dxr[c] = rs * (gr[c] * w[c] - mg - n * mgn);
+      dxr[c] = rs * (gr[c] * w[c] - mg - n * mgn) + (residual ? residual[r * C + c] : 0.f);
     }
   }
   __syncthreads();
@@ -105,7 +105,7 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 }
 
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& mean, const Tensor& rstd) {
+                       const Tensor& mean, const Tensor& rstd, const Tensor* residual) {
   const int64_t C = x.dim(-1), R = x.numel() / C;
   const int64_t blocks = (R + kLnRowsPerBlock - 1) / kLnRowsPerBlock;
   Tensor partW = Tensor::empty({blocks, C}, DType::kF32, x.device());
@@ -113,7 +113,8 @@ void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, con
   const size_t smem = static_cast<size_t>(2 * C) * sizeof(float);
   if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(lnBwd, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   lnBwd<<<static_cast<unsigned>(blocks), kLnBwdThreads, smem, currentStream()>>>(
-      dy.data<float>(), x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(), dx.data<float>(),
+      dy.data<float>(), x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(),
+      residual ? residual->data<float>() : nullptr, dx.data<float>(),
       partW.data<float>(), partB.data<float>(), R, C);
   lnBwdReduce<<<static_cast<unsigned>((C + 255) / 256), 256, 0, currentStream()>>>(
       partW.data<float>(), partB.data<float>(), dw.data<float>(), db.data<float>(), blocks, C);

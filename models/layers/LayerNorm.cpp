@@ -41,8 +41,9 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 }
 
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& mean, const Tensor& rstd) {
-  MT_DISPATCH_CUDA(x, layerNormBackward(dx, dw, db, dy, x, w, mean, rstd));
+                       const Tensor& mean, const Tensor& rstd, const Tensor* residual) {
+  MT_DISPATCH_CUDA(x, layerNormBackward(dx, dw, db, dy, x, w, mean, rstd, residual));
+  const float* resp = residual ? residual->data<float>() : nullptr;
   const int64_t C = x.dim(-1), R = x.numel() / C;
   const float* xp = x.data<float>();
   const float* wp = w.data<float>();
@@ -75,7 +76,7 @@ void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, con
         float* out = dxp + r * C;
         for (int64_t c = 0; c < C; ++c) {
           const float n = (row[c] - m) * rs;
-          out[c] = rs * (g[c] * wp[c] - mg - n * mgn);
+          out[c] = rs * (g[c] * wp[c] - mg - n * mgn) + (resp ? resp[r * C + c] : 0.f);
         }
       }
     }
@@ -122,6 +123,16 @@ Tensor LayerNorm::backward(const Tensor& dy, Context& ctx) {
   MT_CHECK(x_.defined(), "LayerNorm::backward without a training forward");
   Tensor dx = Tensor::empty(x_.shape(), DType::kF32, x_.device());
   layerNormBackward(dx, w_->grad, b_->grad, dy, x_, w_->value, mean_, rstd_);
+  clearCache();
+  return dx;
+}
+
+Tensor LayerNorm::backwardAdd(const Tensor& dy, const Tensor& residual, Context& ctx) {
+  MT_CHECK(x_.defined(), "LayerNorm::backward without a training forward");
+  MT_CHECK(residual.numel() == x_.numel() && residual.dtype() == DType::kF32, "layernorm residual gradient ",
+           residual.str(), " for ", x_.str());
+  Tensor dx = Tensor::empty(x_.shape(), DType::kF32, x_.device());
+  layerNormBackward(dx, w_->grad, b_->grad, dy, x_, w_->value, mean_, rstd_, &residual);
   clearCache();
   return dx;
 }

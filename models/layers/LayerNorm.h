@@ -14,8 +14,10 @@ namespace mt {
 
 void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                       float eps);
+// residual (optional, f32 like dx): dx = LayerNorm'(dy) + residual (a residual branch's gradient
+// added in the same pass).
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& mean, const Tensor& rstd);
+                       const Tensor& mean, const Tensor& rstd, const Tensor* residual = nullptr);
 
 class LayerNorm : public Module {
  public:
@@ -25,6 +27,8 @@ class LayerNorm : public Module {
   void initParams(Rng& rng) override;
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override;
+  // backward(dy) + residual, in one pass.
+  Tensor backwardAdd(const Tensor& dy, const Tensor& residual, Context& ctx);
   std::vector<Param*> params() override { return {w_, b_}; }
   Shape outputShape(const Shape& in) const override { return in; }
   void clearCache() override;

@@ -10,19 +10,20 @@
 
 namespace mt {
 
-void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) {
+void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual) {
   const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
   MT_CHECK(x.dim(-1) == I && y.numel() == N * O, "linear shapes x=", x.str(), " w=", w.str(), " y=", y.str());
-  MT_DISPATCH_CUDA(x, linearForward(y, x, w, b));
+  MT_DISPATCH_CUDA(x, linearForward(y, x, w, b, residual));
   float* yp = y.data<float>();
-  if (b) {
-    const float* bp = b->data<float>();
+  const float* rp = residual ? residual->data<float>() : nullptr;
+  if (b || rp) {
+    const float* bp = b ? b->data<float>() : nullptr;
     parallelFor(N, 64, [&](int64_t lo, int64_t hi) {
       for (int64_t n = lo; n < hi; ++n)
-        for (int64_t o = 0; o < O; ++o) yp[n * O + o] = bp[o];
+        for (int64_t o = 0; o < O; ++o) yp[n * O + o] = (bp ? bp[o] : 0.f) + (rp ? rp[n * O + o] : 0.f);
     });
   }
-  gemmCpu(Trans::kNo, Trans::kYes, N, O, I, 1.f, x.data<float>(), w.data<float>(), b ? 1.f : 0.f, yp);
+  gemmCpu(Trans::kNo, Trans::kYes, N, O, I, 1.f, x.data<float>(), w.data<float>(), b || rp ? 1.f : 0.f, yp);
 }
 
 void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w) {
@@ -68,9 +69,22 @@ Tensor Linear::forward(const Tensor& x, Context& ctx) {
   return y;
 }
 
+Tensor Linear::forwardAdd(const Tensor& x, const Tensor& residual, Context& ctx) {
+  Shape outShape = x.shape();
+  outShape.back() = out_;
+  MT_CHECK(shapeNumel(outShape) == residual.numel(), "linear residual ", residual.str(), " for output ",
+           shapeStr(outShape));
+  Tensor xo = castTo(x, matmulDType(x.device()));
+  Tensor y = Tensor::empty(outShape, residual.dtype(), x.device());
+  linearForward(y, xo, w_->value, b_ ? &b_->value : nullptr, &residual);
+  if (ctx.training) x_ = xo;
+  return y;
+}
+
 Tensor Linear::backward(const Tensor& dy, Context& ctx) {
   MT_CHECK(x_.defined(), "Linear::backward without a training forward");
-  Tensor dx = needsInputGrad_ ? Tensor::empty(x_.shape(), DType::kF32, x_.device()) : Tensor();
+  const DType dxType = lowInputGrad_ ? matmulDType(x_.device()) : DType::kF32;
+  Tensor dx = needsInputGrad_ ? Tensor::empty(x_.shape(), dxType, x_.device()) : Tensor();
   linearBackward(dx.defined() ? &dx : nullptr, w_->grad, b_ ? &b_->grad : nullptr, dy, x_, w_->value);
   x_ = Tensor();
   return dx;

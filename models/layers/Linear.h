@@ -11,7 +11,8 @@
 
 namespace mt {
 
-void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b);
+// residual (optional, y's shape and dtype): y = x W^T + b + residual, in the same pass.
+void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual = nullptr);
 void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w);
 
 class Linear : public Module {
@@ -21,6 +22,10 @@ class Linear : public Module {
   void registerParams(ParamTable& table, const std::string& prefix) override;
   void initParams(Rng& rng) override;
   Tensor forward(const Tensor& x, Context& ctx) override;
+  // forward(x) + residual (a residual connection fused into the GEMM); output in residual's dtype.
+  Tensor forwardAdd(const Tensor& x, const Tensor& residual, Context& ctx);
+  // dx in the matmul dtype (its consumer is a GEMM or a kernel that reads reduced precision).
+  void setLowPrecisionInputGrad(bool low) { lowInputGrad_ = low; }
   Tensor backward(const Tensor& dy, Context& ctx) override;
   std::vector<Param*> params() override;
   Shape outputShape(const Shape& in) const override;
@@ -35,6 +40,7 @@ class Linear : public Module {
   bool hasBias_;
   Param* w_ = nullptr;
   Param* b_ = nullptr;
+  bool lowInputGrad_ = false;
   Tensor x_;  // the input as the GEMM read it (bf16/f16 in reduced precision)
 };
 

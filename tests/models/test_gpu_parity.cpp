@@ -69,6 +69,29 @@ void linearCase(MatmulPrecision p, double tol) {
   EXPECT_LT(relErr(gdb, db), tol);
 }
 TEST(GpuParity, LinearF32) { linearCase(MatmulPrecision::kF32, kF32); }
+// Residual fused into the GEMM (C input, beta = 1); bf16 output with a bf16-cast bias; bf16
+// input gradient.
+TEST(GpuParity, LinearResidualAndReducedPrecisionIO) {
+  PrecisionScope scope(MatmulPrecision::kBF16);
+  Tensor x = randomTensor({67, 128}, 21), w = randomTensor({48, 128}, 22, 0.1f), b = randomTensor({48}, 23);
+  Tensor res = randomTensor({67, 48}, 24), dy = randomTensor({67, 48}, 25);
+  Tensor y = zerosLike(res, Device::cpu()), y0 = zerosLike(res, Device::cpu()), dx = zerosLike(x, Device::cpu()),
+         dw = zerosLike(w, Device::cpu());
+  linearForward(y, x, w, &b, &res);
+  linearForward(y0, x, w, &b);
+  linearBackward(&dx, dw, nullptr, dy, x, w);
+  Tensor gb = gpu(b), gres = gpu(res);
+  Tensor gy = zerosLike(res, kGpu), gdw = zerosLike(w, kGpu);
+  linearForward(gy, gpu(x), gpu(w), &gb, &gres);
+  EXPECT_LT(relErr(gy, y), kBF16);
+  Tensor gy16 = Tensor::empty(res.shape(), DType::kBF16, kGpu);
+  linearForward(gy16, gpu(x), gpu(w), &gb);
+  EXPECT_LT(relErr(gy16, y0), kBF16);
+  Tensor gdx16 = Tensor::empty(x.shape(), DType::kBF16, kGpu);
+  linearBackward(&gdx16, gdw, nullptr, gpu(dy), gpu(x), gpu(w));
+  EXPECT_LT(relErr(gdx16, dx), kBF16);
+  EXPECT_LT(relErr(gdw, dw), kBF16);
+}
 TEST(GpuParity, LinearBF16) { linearCase(MatmulPrecision::kBF16, kBF16); }
 TEST(GpuParity, LinearF16) { linearCase(MatmulPrecision::kF16, kBF16); }
 
@@ -168,6 +191,16 @@ TEST(GpuParity, LayerNormSoftmaxEmbeddingImageInput) {
            gmean = Tensor::empty({41}, DType::kF32, kGpu), grstd = Tensor::empty({41}, DType::kF32, kGpu);
     layerNormForward(gy, &gmean, &grstd, gx, gw, gb, 1e-5f);
     layerNormBackward(gdx, gdw, gdb, gpu(dy), gx, gw, gmean, grstd);
+    // The residual form: dx + r in one pass.
+    Tensor r = randomTensor({41, C}, 45), dxr = zerosLike(x, Device::cpu()), gdxr = zerosLike(x, kGpu);
+    Tensor scratchW = zerosLike(w, kGpu), scratchB = zerosLike(b, kGpu), gr = gpu(r);
+    layerNormBackward(gdxr, scratchW, scratchB, gpu(dy), gx, gw, gmean, grstd, &gr);
+    for (int64_t i = 0; i < dx.numel(); ++i) dxr.data<float>()[i] = dx.data<float>()[i] + r.data<float>()[i];
+    EXPECT_LT(relErr(gdxr, dxr), kF32) << C;
+    // bf16 output (the next GEMM's input in reduced precision).
+    Tensor gy16 = Tensor::empty(x.shape(), DType::kBF16, kGpu);
+    layerNormForward(gy16, nullptr, nullptr, gx, gw, gb, 1e-5f);
+    EXPECT_LT(relErr(gy16, y), kBF16) << C;
     EXPECT_LT(relErr(gy, y), kF32) << C;
     EXPECT_LT(relErr(gdx, dx), kF32) << C;
     EXPECT_LT(relErr(gdw, dw), kF32) << C;

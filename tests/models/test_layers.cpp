@@ -110,6 +110,28 @@ TEST(Layers, LayerNormBackwardIsThreadCountInvariant) {
   for (int i = 0; i < 33; ++i) EXPECT_EQ(results[0].data<float>()[i], results[1].data<float>()[i]);
 }
 
+// The fused residual forms equal the unfused layer plus the residual.
+TEST(Layers, ResidualFusedIntoLinearAndLayerNorm) {
+  Tensor x = test::randomTensor({37, 24}, 11), w = test::randomTensor({19, 24}, 12), b = test::randomTensor({19}, 13);
+  Tensor res = test::randomTensor({37, 19}, 14);
+  Tensor y = Tensor::empty({37, 19}, DType::kF32), yr = Tensor::empty({37, 19}, DType::kF32);
+  linearForward(y, x, w, &b);
+  linearForward(yr, x, w, &b, &res);
+  for (int64_t i = 0; i < y.numel(); ++i)
+    EXPECT_NEAR(yr.data<float>()[i], y.data<float>()[i] + res.data<float>()[i], 1e-5f);
+  Tensor lx = test::randomTensor({37, 24}, 15), dy = test::randomTensor({37, 24}, 16), g = test::randomTensor({24}, 17);
+  Tensor lres = test::randomTensor({37, 24}, 18);
+  Tensor out = Tensor::empty({37, 24}, DType::kF32), mean = Tensor::empty({37}, DType::kF32),
+         rstd = Tensor::empty({37}, DType::kF32);
+  layerNormForward(out, &mean, &rstd, lx, g, g, 1e-5f);
+  Tensor dx = Tensor::empty({37, 24}, DType::kF32), dxr = Tensor::empty({37, 24}, DType::kF32);
+  Tensor dw = Tensor::zeros({24}, DType::kF32), db = Tensor::zeros({24}, DType::kF32);
+  layerNormBackward(dx, dw, db, dy, lx, g, mean, rstd);
+  layerNormBackward(dxr, dw, db, dy, lx, g, mean, rstd, &lres);
+  for (int64_t i = 0; i < dx.numel(); ++i)
+    EXPECT_NEAR(dxr.data<float>()[i], dx.data<float>()[i] + lres.data<float>()[i], 1e-5f);
+}
+
 TEST(Layers, CnnShapesAndUnits) {
   ModelConfig mc;
   mc.type = "cnn";
