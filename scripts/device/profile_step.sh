@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Per-kernel GPU time of one GPT-2 124M training step (B=64, T=1024, bf16) under Nsight Compute
+# (duration metric only: one replay pass per kernel), aggregated by kernel name.
+#   bash scripts/device/run_on_device.sh exec bash scripts/device/profile_step.sh [kernels]
+# Writes $OUT/step_kernels.csv (raw) and prints the table. Kernel durations are measured with the
+# kernels serialised, so their sum is the step's GPU time without overlap.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp/profile_step}"
+mkdir -p "$out" datasets
+tokens=datasets/bench_tokens.h5
+if [[ ! -f $tokens ]]; then
+  python3 -c "import numpy as np; np.save('/tmp/bench_tokens.npy', np.random.default_rng(0).integers(0, 50257, 64*1025*8, dtype=np.int64))"
+  python3 scripts/data/text_to_tokens --npy /tmp/bench_tokens.npy --vocab 50257 --test-fraction 0.01 --out $tokens >/dev/null
+fi
+ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+"$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base -c "${1:-2500}" \
+  "${TRAINER:-dist/bin/trainer}" --config configs/gpt_d12.ini --data.path=$tokens --train.max_steps=1 --train.eval_batches=1 \
+  --run.dir=/tmp/profile_step --run.name=p >"$out/step_kernels.csv" 2>"$out/ncu.err" || true
+python3 - "$out/step_kernels.csv" <<'PY'
+import csv, sys, collections, re
+rows = list(csv.reader(open(sys.argv[1])))
+start = next(i for i, r in enumerate(rows) if "Kernel Name" in r)  # the trainer's own lines come first
+rows = [r for r in rows[start:] if len(r) == len(rows[start])]
+hdr = rows[0]
+ki, vi = hdr.index("Kernel Name"), hdr.index("Metric Value")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows[1:]:
+    try:
+        ns = float(r[vi].replace(",", ""))
+    except ValueError:
+        continue
+    name = re.sub(r"\(.*", "", r[ki]).replace("void ", "")
+    name = re.sub(r"<.*", "<..>", name) if "cutlass" in name or "sm90" in name else name
+    tot[name] += ns; cnt[name] += 1
+all_ns = sum(tot.values())
+print(f"{len(rows)-1} kernels, {all_ns/1e6:.1f} ms GPU time in total")
+print("| kernel | launches | ms | share |")
+print("| --- | --- | --- | --- |")
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:40]:
+    print(f"| {k[:90]} | {cnt[k]} | {v/1e6:.2f} | {100*v/all_ns:.1f} % |")
+PY
