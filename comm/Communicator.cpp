@@ -18,24 +18,34 @@ int64_t Communicator::opsIssued() {
 
 std::shared_ptr<Work> Communicator::allReduce(Tensor& t, ReduceOp op) {
   MT_CHECK(t.isContiguous(), "allReduce of non-contiguous ", t.str());
-  return allReduce(t.rawData(), static_cast<size_t>(t.numel()), t.dtype(), op, t.device());
+  auto w = allReduce(t.rawData(), static_cast<size_t>(t.numel()), t.dtype(), op, t.device());
+  w->retain(t);
+  return w;
 }
 
 std::shared_ptr<Work> Communicator::reduceScatter(const Tensor& in, Tensor& out, ReduceOp op) {
   MT_CHECK(in.isContiguous() && out.isContiguous() && in.numel() == out.numel() * size(), "reduceScatter of ",
            in.str(), " into ", out.str(), " on ", size(), " ranks");
-  return reduceScatter(in.rawData(), out.rawData(), static_cast<size_t>(out.numel()), out.dtype(), op, out.device());
+  auto w = reduceScatter(in.rawData(), out.rawData(), static_cast<size_t>(out.numel()), out.dtype(), op, out.device());
+  w->retain(in);
+  w->retain(out);
+  return w;
 }
 
 std::shared_ptr<Work> Communicator::allGather(const Tensor& in, Tensor& out) {
   MT_CHECK(in.isContiguous() && out.isContiguous() && out.numel() == in.numel() * size(), "allGather of ",
            in.str(), " into ", out.str(), " on ", size(), " ranks");
-  return allGather(in.rawData(), out.rawData(), static_cast<size_t>(in.numel()), in.dtype(), in.device());
+  auto w = allGather(in.rawData(), out.rawData(), static_cast<size_t>(in.numel()), in.dtype(), in.device());
+  w->retain(in);
+  w->retain(out);
+  return w;
 }
 
 std::shared_ptr<Work> Communicator::broadcast(Tensor& t, int root) {
   MT_CHECK(t.isContiguous(), "broadcast of non-contiguous ", t.str());
-  return broadcast(t.rawData(), static_cast<size_t>(t.numel()), t.dtype(), root, t.device());
+  auto w = broadcast(t.rawData(), static_cast<size_t>(t.numel()), t.dtype(), root, t.device());
+  w->retain(t);
+  return w;
 }
 
 void Communicator::allReduceSync(Tensor& t, ReduceOp op) { allReduce(t, op)->wait(timeout()); }

@@ -43,11 +43,18 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
   gethostname(host, sizeof(host) - 1);
   hostname_ = host;
 
-  emulated_ = static_cast<int>(envInt(EnvParam::kNodeSplit));
-  if (emulated_ > 0) {
-    if (size_ % emulated_ != 0)
+  // A bad MT_NODE_SPLIT is reported by setupError() (every rank sees the same environment, so
+  // every rank reports it): thrown from here it would escape main before MPI is finalised.
+  try {
+    emulated_ = static_cast<int>(envInt(EnvParam::kNodeSplit));
+    if (emulated_ > 0 && size_ % emulated_ != 0)
       throw ConfigError("MT_NODE_SPLIT=" + std::to_string(emulated_) + " does not divide the world size " +
                         std::to_string(size_));
+  } catch (const ConfigError& e) {
+    setupError_ = e.what();
+    emulated_ = 0;
+  }
+  if (emulated_ > 0) {
     localSize_ = emulated_;
     localRank_ = rank_ % emulated_;
     node_ = rank_ / emulated_;

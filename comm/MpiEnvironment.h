@@ -27,12 +27,15 @@ class MpiEnvironment {
   std::string hostname() const { return hostname_; }
   // Ranks per emulated node (MT_NODE_SPLIT), 0 when nodes are real.
   int emulatedNodeSize() const { return emulated_; }
+  // A configuration error found while starting (MT_NODE_SPLIT), for main to report on every rank.
+  const std::string& setupError() const { return setupError_; }
 
  private:
   bool ownsInit_ = false;
   bool threadMultiple_ = false;
   int rank_ = 0, size_ = 1, localRank_ = 0, localSize_ = 1, node_ = 0, numNodes_ = 1, emulated_ = 0;
   std::string hostname_;
+  std::string setupError_;
 };
 
 // Held around MPI calls when the library lacks MPI_THREAD_MULTIPLE (several progress threads).

@@ -79,20 +79,29 @@ void Work::markStarted() {
 }
 
 void Work::markCompleted() {
+  std::vector<Tensor> release;  // the backend is done with the buffers (freed outside the lock)
   {
     std::lock_guard<std::mutex> lock(mutex_);
     completedUs_ = wallMicros();
     done_ = true;
+    release.swap(retained_);
   }
   cv_.notify_all();
 }
 
+void Work::retain(const Tensor& t) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!done_) retained_.push_back(t);  // completed ops (kept in the history) hold nothing
+}
+
 void Work::markFailed(std::exception_ptr error) {
+  std::vector<Tensor> release;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     completedUs_ = wallMicros();
     error_ = error;
     done_ = true;
+    release.swap(retained_);
   }
   cv_.notify_all();
 }

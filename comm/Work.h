@@ -10,7 +10,10 @@
 #include <mutex>
 #include <string>
 
+#include <vector>
+
 #include "core/DType.h"
+#include "core/Tensor.h"
 
 namespace mt {
 
@@ -52,6 +55,9 @@ class Work {
   const std::string& commName() const { return comm_; }
   // The message a timeout of this op reports.
   std::string timeoutMessage(std::chrono::milliseconds timeout);
+  // Keeps a buffer the op reads or writes alive for as long as the backend holds the op, so a
+  // caller that gives up (a timeout unwinding its stack) never frees memory MPI still writes.
+  void retain(const Tensor& t);
 
  protected:
   // Host wait for completion (the base behaviour of wait()).
@@ -68,6 +74,7 @@ class Work {
   bool done_ = false;
   std::exception_ptr error_;
   int64_t enqueuedUs_ = 0, startedUs_ = 0, completedUs_ = 0;
+  std::vector<Tensor> retained_;
 };
 
 }  // namespace mt

@@ -1,5 +1,6 @@
 #include "core/EnvParams.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -13,14 +14,16 @@ const std::vector<EnvParamInfo>& envParamTable() {
   static const std::vector<EnvParamInfo> kTable = {
       {EnvParam::kLogLevel, "MT_LOG_LEVEL", "info", "log level: debug, info, warn, error"},
       {EnvParam::kNumThreads, "MT_NUM_THREADS", "0",
-       "CPU threads per rank for BLAS and kernels; 0 = cores / ranks on the node"},
+       "CPU threads per rank for BLAS and kernels, 0..1024; 0 = cores / ranks on the node", 0, 1024},
       {EnvParam::kCommTimeoutS, "MT_COMM_TIMEOUT_S", "0",
-       "collective timeout in seconds; 0 = use the config's dist.timeout_s"},
+       "collective timeout in seconds, 0..604800 (a week); 0 = use the config's dist.timeout_s", 0, 604800},
       {EnvParam::kFingerprint, "MT_DEBUG_FINGERPRINT", "0",
-       "1 = check before every collective that all ranks issue the same op, size and dtype"},
-      {EnvParam::kHealthPort, "MT_HEALTH_PORT", "0", "TCP port of rank 0's health monitor; 0 = any free port"},
+       "1 = check before every collective that all ranks issue the same op, size and dtype", 0, 1},
+      {EnvParam::kHealthPort, "MT_HEALTH_PORT", "0", "TCP port of rank 0's health monitor; 0 = any free port", 0,
+       65535},
       {EnvParam::kNodeSplit, "MT_NODE_SPLIT", "0",
-       "emulate nodes of this many ranks (tests on one machine); 0 = real nodes"},
+       "emulate nodes of this many ranks (tests on one machine), dividing the world size; 0 = real nodes", 0,
+       1 << 20},
       {EnvParam::kProfileDir, "MT_PROFILE_DIR", "", "where topo.profile names are looked up; empty = the source tree's topo/profiles"},
   };
   return kTable;
@@ -35,11 +38,16 @@ std::string envString(EnvParam p) {
 }
 
 int64_t envInt(EnvParam p) {
+  const EnvParamInfo& i = info(p);
   std::string s = envString(p);
   char* end = nullptr;
+  errno = 0;
   long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0')
-    throw ConfigError(std::string("environment variable ") + info(p).name + "='" + s + "' is not an integer");
+  if (s.empty() || *end != '\0' || errno == ERANGE)
+    throw ConfigError(std::string("environment variable ") + i.name + "='" + s + "' is not an integer");
+  if (i.lo < i.hi && (v < i.lo || v > i.hi))
+    throw ConfigError(std::string("environment variable ") + i.name + "='" + s + "' is out of range (" +
+                      std::to_string(i.lo) + ".." + std::to_string(i.hi) + ")");
   return v;
 }
 

@@ -25,11 +25,14 @@ struct EnvParamInfo {
   const char* name;
   const char* defaultValue;
   const char* help;
+  // Integer parameters: the accepted range (a value outside is a ConfigError naming it).
+  int64_t lo = 0, hi = 0;
 };
 
 const std::vector<EnvParamInfo>& envParamTable();
 std::string envString(EnvParam p);       // value from the environment, else the default
-int64_t envInt(EnvParam p);              // throws ConfigError naming the variable if not an integer
+// Throws ConfigError naming the variable if not an integer or outside the table's range.
+int64_t envInt(EnvParam p);
 // MT_* variables present in the environment that are not in the table.
 std::vector<std::string> unknownEnvParams();
 

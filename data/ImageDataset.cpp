@@ -46,16 +46,35 @@ ImageDataset::ImageDataset(const H5File& file, const std::string& split, int64_t
   labelType_ = lbl.type;
   images_ = std::make_unique<RowReader>(file, std::move(img));
   labels_ = std::make_unique<RowReader>(file, std::move(lbl));
+  // A header may declare far more rows than the file holds (1e9 images in 4 MB): refuse before
+  // anything is sized from the declared extent.
+  for (const RowReader* r : {images_.get(), labels_.get()}) {
+    const std::string gap = r->storageGap();
+    if (!gap.empty())
+      bad(file_, "dataset " + r->info().name + " declares " + shapeStr(r->info().shape) + " but " + gap +
+                     " (truncated or incompletely written file)");
+  }
   int64_t classes = file.readIntAttribute(lblName, "num_classes", -1);
   if (classes <= 0) classes = file.readIntAttribute("/", "num_classes", -1);
-  if (classes <= 0) {  // derive from the labels themselves
-    std::vector<char> all(static_cast<size_t>(n_) * labels_->rowBytes());
-    labels_->readRows(0, n_, all.data());
-    int64_t mx = 0;
-    for (int64_t i = 0; i < n_; ++i) mx = std::max(mx, widenLabel(all.data() + i * labels_->rowBytes(), labelType_));
-    classes = mx + 1;
+  // Every label is checked once here (labels are small; read in bounded blocks), so a bad one is
+  // reported with its file, dataset and index instead of failing a training step later.
+  const int64_t declared = classes;
+  int64_t mx = 0;
+  constexpr int64_t kBlock = 1 << 20;
+  std::vector<char> block(static_cast<size_t>(std::min(n_, kBlock)) * labels_->rowBytes());
+  for (int64_t b0 = 0; b0 < n_; b0 += kBlock) {
+    const int64_t cnt = std::min(kBlock, n_ - b0);
+    labels_->readRows(b0, cnt, block.data());
+    for (int64_t i = 0; i < cnt; ++i) {
+      const int64_t l = widenLabel(block.data() + i * labels_->rowBytes(), labelType_);
+      if (l < 0 || (declared > 0 && l >= declared))
+        bad(file_, "dataset " + lblName + "[" + std::to_string(b0 + i) + "] = " + std::to_string(l) +
+                       (declared > 0 ? " is outside [0, " + std::to_string(declared) + ") (its num_classes attribute)"
+                                     : " is negative"));
+      mx = std::max(mx, l);
+    }
   }
-  spec_.numClasses = classes;
+  spec_.numClasses = declared > 0 ? declared : mx + 1;
 }
 
 void ImageDataset::read(int64_t index, uint8_t* img, int64_t* label, ChunkCache* cache) const {

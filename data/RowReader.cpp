@@ -45,12 +45,23 @@ RowReader::RowReader(const H5File& file, H5DatasetInfo info) : file_(&file), inf
     size_t allocated = 0;
     for (const auto& c : info_.chunks) allocated += c.address != HADDR_UNDEF;
     sparse_ = allocated < expected;
+    expectedChunks_ = expected;
+    allocatedChunks_ = allocated;
     rowChunkBegin_.assign(static_cast<size_t>(chunkRows + 1), info_.chunks.size());
     for (size_t i = info_.chunks.size(); i-- > 0;)
       rowChunkBegin_[static_cast<size_t>(info_.chunks[i].origin[0] / c0)] = i;
     for (size_t k = rowChunkBegin_.size() - 1; k-- > 0;)
       rowChunkBegin_[k] = std::min(rowChunkBegin_[k], rowChunkBegin_[k + 1]);
   }
+}
+
+std::string RowReader::storageGap() const {
+  if (shapeNumel(info_.shape) == 0) return "";
+  if (info_.storage == H5Storage::kContiguous && info_.contiguousOffset == HADDR_UNDEF)
+    return "no storage allocated (the dataset was created but never written)";
+  if (info_.storage == H5Storage::kChunked && allocatedChunks_ < expectedChunks_)
+    return std::to_string(allocatedChunks_) + " of " + std::to_string(expectedChunks_) + " chunks stored";
+  return "";
 }
 
 void RowReader::preadAll(uint64_t offset, size_t bytes, char* dst) const {

@@ -49,6 +49,10 @@ class RowReader {
   // Rows [start, start+count) into dst (count * rowBytes() bytes). Thread-safe when each thread
   // passes its own cache (or none).
   void readRows(int64_t start, int64_t count, void* dst, ChunkCache* cache = nullptr) const;
+  // "" when every element has storage in the file; otherwise what is missing ("12 of 3907 chunks
+  // stored"). HDF5 reads missing storage as fill values: for training data that is a truncated or
+  // never-written dataset, not data.
+  std::string storageGap() const;
 
  private:
   void readContiguous(int64_t start, int64_t count, char* dst) const;
@@ -61,6 +65,7 @@ class RowReader {
   size_t rowBytes_ = 0;
   bool direct_ = false;
   bool sparse_ = false;                // some chunks never written (read as zeros)
+  size_t expectedChunks_ = 0, allocatedChunks_ = 0;
   size_t chunkBytes_ = 0;              // decoded chunk size
   std::vector<size_t> rowChunkBegin_;  // chunks [begin[k], begin[k+1]) start in chunk-row k
   mutable std::mutex fallbackMutex_;   // the library path is serialised anyway; keep it explicit

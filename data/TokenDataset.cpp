@@ -30,6 +30,10 @@ TokenDataset::TokenDataset(const H5File& file, const std::string& split, int64_t
                    " windows of " + std::to_string(T_ + 1) + ", fewer than the " + std::to_string(minSamples) +
                    " ranks that each need one");
   reader_ = std::make_unique<RowReader>(file, std::move(info));
+  const std::string gap = reader_->storageGap();
+  if (!gap.empty())
+    bad(file_, "dataset " + name + " declares " + std::to_string(tokens_) + " tokens but " + gap +
+                   " (truncated or incompletely written file)");
   vocab_ = file.readIntAttribute(name, "vocab_size", -1);
   if (vocab_ <= 0) vocab_ = file.readIntAttribute("/", "vocab_size", -1);
   if (vocab_ <= 0) {

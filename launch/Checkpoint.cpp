@@ -61,12 +61,26 @@ void fsyncPath(const std::string& path, bool directory) {
 
 Tensor hostCopy(const Tensor& t) { return t.device().isCpu() ? t : t.to(Device::cpu()); }
 
+uint32_t metaChecksum(const nlohmann::json& body) {
+  const std::string text = body.dump();  // keys sorted: the same bytes for the same content
+  return crc32Of(text.data(), text.size());
+}
+
 nlohmann::json readMeta(const std::string& path) {
   std::ifstream in(path + "/meta.json");
   if (!in) throw CheckpointError("checkpoint " + path + ": meta.json is missing (incomplete checkpoint)");
   try {
     nlohmann::json j = nlohmann::json::parse(in);
-    if (j.value("format", "") != kFormat) throw CheckpointError("checkpoint " + path + ": not a meshtrain checkpoint");
+    if (!j.is_object() || j.value("format", "") != kFormat)
+      throw CheckpointError("checkpoint " + path + ": not a meshtrain checkpoint");
+    // meta.json carries a checksum of itself (without that field): an edited step or file list is
+    // refused like a corrupt payload. Checkpoints written before it existed have none.
+    if (j.contains("meta_crc32")) {
+      nlohmann::json body = j;
+      body.erase("meta_crc32");
+      if (static_cast<uint32_t>(j["meta_crc32"].get<int64_t>()) != metaChecksum(body))
+        throw CheckpointError("checkpoint " + path + ": meta.json does not match its checksum (edited or corrupt)");
+    }
     return j;
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError("checkpoint " + path + ": meta.json is corrupt (" + e.what() + ")");
@@ -113,11 +127,15 @@ std::string CheckpointManager::save(const TrainState& st, Optimizer& opt, const 
   uint32_t crc = 0;
   int64_t payload = 0;
   const std::string file = "rank" + std::to_string(r) + ".h5";
+  // Rank 0 makes the directory; its failure (read-only, not a directory, quota) is agreed on by
+  // every rank at once instead of leaving the others in a barrier rank 0 never reaches.
+  if (r == 0) {
+    std::error_code ec;
+    fs::create_directories(tmpDir, ec);
+    if (ec) error = "cannot create " + tmpDir + ": " + ec.message();
+  }
+  agree(world_, error, "checkpoint save to " + finalDir);
   try {
-    if (r == 0) {
-      fs::create_directories(tmpDir);
-    }
-    world_.barrierSync();
     if (r != 0 && !fs::exists(tmpDir)) throw IoError("checkpoint directory " + tmpDir + " is not visible on this node (checkpoint.dir must be shared)");
     // This rank's pieces: its segments, cut to its 1/W slice when every rank holds everything.
     const int64_t lo = replicated ? modelNumel * r / W : 0, hi = replicated ? modelNumel * (r + 1) / W : modelNumel;
@@ -204,6 +222,7 @@ std::string CheckpointManager::save(const TrainState& st, Optimizer& opt, const 
         j["files"].push_back({{"name", "rank" + std::to_string(q) + ".h5"},
                               {"crc32", info.data<int64_t>()[2 * q]},
                               {"payload_bytes", info.data<int64_t>()[2 * q + 1]}});
+      j["meta_crc32"] = metaChecksum(j);
       {
         std::ofstream out(tmpDir + "/meta.json");
         out << j.dump(2) << "\n";
@@ -236,6 +255,15 @@ std::string CheckpointManager::save(const TrainState& st, Optimizer& opt, const 
 }
 
 void CheckpointManager::verify(const std::string& path, int64_t modelNumel) {
+  try {
+    verifyMeta(path, modelNumel);
+  } catch (const nlohmann::json::exception& e) {
+    // A field of the wrong type or missing ("crc32": "x"): corrupt, like a bad payload.
+    throw CheckpointError("checkpoint " + path + ": meta.json is malformed (" + e.what() + ")");
+  }
+}
+
+void CheckpointManager::verifyMeta(const std::string& path, int64_t modelNumel) {
   nlohmann::json meta = readMeta(path);
   if (meta.value("numel", int64_t{-1}) != modelNumel)
     throw CheckpointError("checkpoint " + path + " holds " + std::to_string(meta.value("numel", int64_t{-1})) +
@@ -274,39 +302,55 @@ void CheckpointManager::verify(const std::string& path, int64_t modelNumel) {
 }
 
 std::string CheckpointManager::findLatestValid() {
-  // Rank 0 decides (it reads every file once); the choice is broadcast.
-  std::string chosen;
+  // Rank 0 decides (it reads every file once); the choice, or the reason to refuse, is broadcast,
+  // so an unexpected error on rank 0 can never leave the others waiting in the broadcast.
+  std::string chosen, error;
   if (world_.rank() == 0 && fs::exists(dir_)) {
-    std::vector<std::string> all;
-    for (const auto& e : fs::directory_iterator(dir_)) {
-      const std::string n = e.path().filename().string();
-      if (n.rfind("step_", 0) == 0) {
-        if (n.find(".tmp-") != std::string::npos) {
-          std::error_code ec;
-          fs::remove_all(e.path(), ec);  // left by a crashed save
-          MT_LOG_WARN << "removed incomplete checkpoint " << e.path().string();
-          continue;
+    try {
+      std::vector<std::string> all, rejected;
+      for (const auto& e : fs::directory_iterator(dir_)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind("step_", 0) == 0) {
+          if (n.find(".tmp-") != std::string::npos) {
+            std::error_code ec;
+            fs::remove_all(e.path(), ec);  // left by a crashed save
+            MT_LOG_WARN << "removed incomplete checkpoint " << e.path().string();
+            continue;
+          }
+          all.push_back(n);
         }
-        all.push_back(n);
       }
-    }
-    std::sort(all.rbegin(), all.rend());
-    for (const auto& n : all) {
-      const std::string p = dir_ + "/" + n;
-      try {
-        nlohmann::json meta = readMeta(p);
-        verify(p, meta.value("numel", int64_t{-1}));
-        chosen = p;
-        break;
-      } catch (const CheckpointError& e) {
-        MT_LOG_WARN << e.what() << "; falling back to an older checkpoint";
+      std::sort(all.rbegin(), all.rend());
+      for (const auto& n : all) {
+        const std::string p = dir_ + "/" + n;
+        try {
+          nlohmann::json meta = readMeta(p);
+          verify(p, meta.value("numel", int64_t{-1}));
+          chosen = p;
+          break;
+        } catch (const std::exception& e) {
+          rejected.push_back(e.what());
+          MT_LOG_WARN << e.what() << "; falling back to an older checkpoint";
+        }
       }
+      if (chosen.empty() && !rejected.empty()) {
+        // Starting from step 0 would overwrite the run's metrics and, at the next save, its
+        // checkpoints: refuse and say what was rejected.
+        error = "every checkpoint in " + dir_ + " is unusable:";
+        for (const auto& why : rejected) error += "\n  - " + why;
+        error += "\nrefusing to start over them: move them away, or set checkpoint.resume = never to start fresh";
+      }
+    } catch (const std::exception& e) {
+      error = "reading the checkpoints in " + dir_ + ": " + e.what();
     }
   }
-  Tensor buf = Tensor::zeros({4096}, DType::kU8);
-  if (world_.rank() == 0) std::memcpy(buf.rawData(), chosen.data(), std::min<size_t>(chosen.size(), 4095));
+  std::string msg = error.empty() ? "P" + chosen : "E" + error;
+  Tensor buf = Tensor::zeros({8192}, DType::kU8);
+  if (world_.rank() == 0) std::memcpy(buf.rawData(), msg.data(), std::min<size_t>(msg.size(), 8191));
   world_.broadcast(buf, 0)->wait(world_.timeout());
-  return reinterpret_cast<const char*>(buf.rawData());
+  msg = reinterpret_cast<const char*>(buf.rawData());
+  if (!msg.empty() && msg[0] == 'E') throw CheckpointError(msg.substr(1));
+  return msg.empty() ? std::string() : msg.substr(1);
 }
 
 void CheckpointManager::exportConsolidated(const std::string& path, const std::string& out) {
@@ -334,6 +378,23 @@ void CheckpointManager::exportConsolidated(const std::string& path, const std::s
     w.write("/params/" + p["name"].get<std::string>(), t);
   }
   w.close();
+}
+
+void CheckpointManager::prepare() {
+  std::string error;
+  if (world_.rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) error = "checkpoint.dir: cannot create " + dir_ + ": " + ec.message();
+    else if (!fs::is_directory(dir_, ec)) error = "checkpoint.dir: " + dir_ + " is not a directory";
+  }
+  const double bad = world_.allReduceScalar(error.empty() ? 0.0 : 1.0, ReduceOp::kMax);
+  if (bad > 0) {
+    Tensor msg = Tensor::zeros({2048}, DType::kU8);
+    if (world_.rank() == 0) std::memcpy(msg.rawData(), error.data(), std::min<size_t>(error.size(), 2047));
+    world_.broadcast(msg, 0)->wait(world_.timeout());
+    throw ConfigError(reinterpret_cast<const char*>(msg.rawData()));
+  }
 }
 
 TrainState CheckpointManager::load(const std::string& path, Optimizer& opt, int64_t modelNumel) {

@@ -42,7 +42,11 @@ class CheckpointManager {
   std::string save(const TrainState& state, Optimizer& opt, const ParamTable& table, bool replicated,
                    bool writes = true);
   // Newest valid checkpoint, or "" when there is none; corrupt ones are skipped with a warning.
+  // Throws CheckpointError (on every rank) when there are checkpoints and none is usable.
   std::string findLatestValid();
+  // Rank 0 creates the directory now, so an unusable checkpoint.dir is a setup error (every
+  // rank throws ConfigError naming it) rather than a failure at the first save.
+  void prepare();
   // Restores this rank's segments; `path` from findLatestValid() or given by the user.
   TrainState load(const std::string& path, Optimizer& opt, int64_t modelNumel);
   // Throws CheckpointError naming the file when the checkpoint is not usable.
@@ -52,6 +56,7 @@ class CheckpointManager {
   static void exportConsolidated(const std::string& path, const std::string& out);
 
  private:
+  static void verifyMeta(const std::string& path, int64_t modelNumel);
   std::string dir_;
   int keep_;
   Communicator& world_;

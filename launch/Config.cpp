@@ -3,6 +3,7 @@
 #include <boost/program_options.hpp>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -229,6 +230,8 @@ double Config::f64(const std::string& key) const {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   if (s.empty() || *end != '\0' || errno == ERANGE) fail(key, "not a number");
+  // inf and nan parse as numbers; no key of ours means either (they train to NaN and exit 0).
+  if (!std::isfinite(v)) fail(key, "must be a finite number");
   return v;
 }
 

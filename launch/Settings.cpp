@@ -136,7 +136,8 @@ Settings Settings::fromConfig(const Config& c) {
   int64_t timeout = envInt(EnvParam::kCommTimeoutS);
   if (timeout <= 0) {
     timeout = c.i64("dist.timeout_s");
-    if (timeout <= 0) c.fail("dist.timeout_s", "must be positive");
+    // Deadlines are steady_clock time points: 1e10 s overflowed and every collective timed out.
+    if (timeout <= 0 || timeout > 604800) c.fail("dist.timeout_s", "must be in [1, 604800] (one week)");
   }
   s.timeout = std::chrono::seconds(timeout);
   s.fingerprint = c.flag("dist.fingerprint") || envInt(EnvParam::kFingerprint) != 0;

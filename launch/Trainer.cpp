@@ -119,7 +119,6 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi)
     trace_ = std::make_unique<std::ofstream>(runDir_ + "/trace.rank" + std::to_string(world_->rank()) + ".jsonl",
                                              resumed_ ? std::ios::app : std::ios::trunc);
   }
-  installStopSignals();
   if (mpi_.size() > 1) stop_ = std::make_unique<StopAgreement>(MPI_COMM_WORLD);
 }
 
@@ -267,6 +266,19 @@ void Trainer::setupData() {
   } else {
     train_ = std::make_unique<ImageDataset>(*file_, s_.trainSplit, world_->size());
     test_ = std::make_unique<ImageDataset>(*file_, s_.testSplit, world_->size());
+    // The two splits feed one model: their images must have one shape and the test labels fit
+    // the classes the model is built for (else the first evaluation fails, at the end of an epoch).
+    const InputSpec& a = train_->spec();
+    const InputSpec& b = test_->spec();
+    if (a.height != b.height || a.width != b.width || a.channels != b.channels)
+      throw DataError("data file " + s_.dataPath + ": split " + s_.testSplit + " has " + std::to_string(b.height) +
+                      "x" + std::to_string(b.width) + "x" + std::to_string(b.channels) + " images, split " +
+                      s_.trainSplit + " " + std::to_string(a.height) + "x" + std::to_string(a.width) + "x" +
+                      std::to_string(a.channels));
+    if (b.numClasses > a.numClasses)
+      throw DataError("data file " + s_.dataPath + ": split " + s_.testSplit + " has labels up to " +
+                      std::to_string(b.numClasses - 1) + ", split " + s_.trainSplit + " only " +
+                      std::to_string(a.numClasses) + " classes");
     if (s_.dataMode == "memory") {
       train_->loadIntoMemory();
       test_->loadIntoMemory();
@@ -359,6 +371,7 @@ void Trainer::setupOptimizer() {
 
 void Trainer::resumeIfAny() {
   ckpt_ = std::make_unique<CheckpointManager>(s_.checkpointDir, static_cast<int>(s_.checkpointKeep), *world_);
+  ckpt_->prepare();
   if (s_.resume == "never") return;
   const std::string path = s_.resume == "auto" ? ckpt_->findLatestValid() : s_.resume;
   if (path.empty()) return;

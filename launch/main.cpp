@@ -23,6 +23,7 @@
 #include "launch/Config.h"
 #include "launch/Failure.h"
 #include "launch/RankDiscovery.h"
+#include "launch/Signals.h"
 #include "launch/Trainer.h"
 #include "topo/CostModel.h"
 #include "topo/Topology.h"
@@ -197,11 +198,15 @@ int main(int argc, char** argv) {
     mt::writeLine("error: " + preflight);
     return static_cast<int>(mt::ExitCode::kBadInput);
   }
+  // First, so a SIGTERM/SIGUSR1 during the seconds of setup is a clean stop after setup rather
+  // than the default action (the process killed).
+  mt::installStopSignals();
   mt::MpiEnvironment mpi(&argc, &argv);
   std::unique_ptr<mt::Trainer> trainer;
   int code = 0;
   std::string message;
   try {
+    if (!mpi.setupError().empty()) throw mt::ConfigError(mpi.setupError());
     mt::Config cfg = mt::Config::fromArgs(args);
     if (cfg.helpRequested()) {
       if (mpi.rank() == 0) std::cout << mt::configHelp();

@@ -4,6 +4,8 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "core/Error.h"
 
@@ -58,6 +60,23 @@ XmlNode convert(const pugi::xml_node& n, const LineIndex& idx) {
   throw ConfigError("topology " + where + ": " + what);
 }
 
+// NCCL's files nest about 8 levels (system, cpu, pci switches, gpu, nvlink); the tree is built and
+// destroyed recursively, so a hostile or broken file must be stopped before that.
+constexpr int kMaxDepth = 64;
+
+// The first element nested deeper than kMaxDepth, walked without recursion; null if none.
+pugi::xml_node tooDeep(const pugi::xml_node& root) {
+  std::vector<std::pair<pugi::xml_node, int>> stack{{root, 1}};
+  while (!stack.empty()) {
+    auto [n, depth] = stack.back();
+    stack.pop_back();
+    if (depth > kMaxDepth) return n;
+    for (pugi::xml_node c = n.first_child(); c; c = c.next_sibling())
+      if (c.type() == pugi::node_element) stack.emplace_back(c, depth + 1);
+  }
+  return pugi::xml_node();
+}
+
 }  // namespace
 
 XmlDocument parseTopologyXmlString(const std::string& text, const std::string& name) {
@@ -85,6 +104,11 @@ XmlDocument parseTopologyXmlString(const std::string& text, const std::string& n
     auto lc = idx.at(first ? static_cast<size_t>(first.offset_debug()) : 0);
     fail(name + ":" + std::to_string(lc.first) + ":" + std::to_string(lc.second),
          std::string("the root element must be <system>, found <") + (first ? first.name() : "") + ">");
+  }
+  if (pugi::xml_node deep = tooDeep(system)) {
+    auto lc = idx.at(static_cast<size_t>(deep.offset_debug()));
+    fail(name + ":" + std::to_string(lc.first) + ":" + std::to_string(lc.second),
+         "elements nested deeper than " + std::to_string(kMaxDepth) + " levels (not an NCCL topology file)");
   }
   XmlDocument d;
   d.path = name;

@@ -56,4 +56,32 @@ with open(os.path.join(out, "truncated.h5"), "wb") as f:
 raw = open(os.path.join(out, "chunked_rows.h5"), "rb").read()
 with open(os.path.join(out, "truncated_chunked.h5"), "wb") as f:
     f.write(raw[: int(len(raw) * 0.6)])
+# Hostile headers and values (trainer-level tests, tests/launch/test_trainer_cli.py).
+with h5py.File(os.path.join(out, "declared_huge.h5"), "w") as f:  # 1e9 images declared, one chunk stored
+    g = f.create_group("train")
+    d = g.create_dataset("images", shape=(10**9, 28, 28, 1), dtype=np.uint8, chunks=(64, 28, 28, 1))
+    d[:64] = images[:64]
+    lbl = g.create_dataset("labels", shape=(10**9,), dtype=np.uint8, chunks=(1 << 16,))
+    lbl[:64] = labels[:64].astype(np.uint8)
+bad_labels = labels.copy()
+bad_labels[57] = 12
+
+
+def num_classes_attr(f):
+    f["train/labels"].attrs["num_classes"] = 10
+
+
+write("label_out_of_range", lbl=bad_labels, extra=num_classes_attr)
+neg = labels.copy()
+neg[5] = -3
+write("label_negative", lbl=neg)
+
+
+def test_32x32(f):
+    g = f.create_group("test")
+    g.create_dataset("images", data=rng.integers(0, 256, size=(40, 32, 32, 1), dtype=np.uint8))
+    g.create_dataset("labels", data=labels[:40])
+
+
+write("test_split_mismatch", extra=test_32x32)
 print(f"wrote variants to {out}")

@@ -149,6 +149,76 @@ class Checkpoints(unittest.TestCase):
         for s in range(41, 81):
             self.assertEqual(got[s], ref[s], f"step {s}")
 
+    def three_checkpoints(self, name):
+        p = run(2, [f"--run.dir={self.d}", f"--run.name={name}", "--checkpoint.interval=20",
+                    "--checkpoint.at_exit=false", "--checkpoint.keep=5", "--train.max_steps=70"])
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        ck = os.path.join(self.d, name, "checkpoints")
+        self.assertEqual(sorted(os.listdir(ck)), ["step_000000020", "step_000000040", "step_000000060"])
+        return ck
+
+    def edit_meta(self, path, change):
+        meta_path = os.path.join(path, "meta.json")
+        with open(meta_path) as f:
+            text = f.read()
+        with open(meta_path, "w") as f:
+            f.write(change(text))
+
+    def test_malformed_or_edited_meta_falls_back_without_hanging(self):
+        # "crc32": "x" escaped the fallback (rank 0 threw, the others waited in a broadcast); an
+        # edited step was accepted. Both are now rejected and the older checkpoint is used.
+        ck = self.three_checkpoints("meta")
+        def malformed(text):  # a wrong type where a number belongs, in a meta.json without a checksum
+            j = json.loads(text)
+            j.pop("meta_crc32", None)
+            j["files"][0]["crc32"] = "x"
+            return json.dumps(j)
+
+        self.edit_meta(os.path.join(ck, "step_000000060"), malformed)
+        self.edit_meta(os.path.join(ck, "step_000000040"), lambda t: t.replace('"step": 40', '"step": 49'))
+        t0 = time.time()
+        p = run(2, [f"--run.dir={self.d}", "--run.name=meta", "--checkpoint.at_exit=false", "--train.max_steps=80"],
+                timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertLess(time.time() - t0, 120)
+        self.assertIn("meta.json is malformed", p.stderr)
+        self.assertIn("meta.json does not match its checksum", p.stderr)
+        self.assertIn("resumed from", p.stdout)
+        self.assertIn("step_000000020", p.stdout)
+
+    def test_every_checkpoint_corrupt_is_refused(self):
+        # Starting from step 0 over them would overwrite metrics.jsonl and, later, the checkpoints.
+        ck = self.three_checkpoints("allbad")
+        for n in os.listdir(ck):
+            with open(os.path.join(ck, n, "rank0.h5"), "r+b") as f:
+                f.seek(os.path.getsize(f.name) - 100)
+                f.write(b"\xff" * 16)
+        metrics = os.path.join(self.d, "allbad", "metrics.jsonl")
+        before = open(metrics).read()
+        p = run(2, [f"--run.dir={self.d}", "--run.name=allbad"], timeout=300)
+        self.assertEqual(p.returncode, 2, p.stderr[-3000:])
+        err = p.stderr
+        self.assertIn("every checkpoint in", err)
+        for n in ("step_000000020", "step_000000040", "step_000000060"):
+            self.assertIn(n, err)
+        self.assertIn("checkpoint.resume = never", err)
+        self.assertEqual(open(metrics).read(), before)
+        # resume = never starts fresh, as asked.
+        p = run(2, [f"--run.dir={self.d}", "--run.name=allbad", "--checkpoint.resume=never", "--train.max_steps=5",
+                    "--checkpoint.at_exit=false"])
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+
+    def test_signal_during_setup_is_a_clean_stop(self):
+        # The handlers were installed at the end of setup: a SIGTERM in the first ~0.6 s killed
+        # the process. Now it is a stop after the first step, with a checkpoint.
+        proc = subprocess.Popen(cmd(1, [f"--run.dir={self.d}", "--run.name=early"]), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 0, out[-3000:])
+        self.assertIn("preempted at step", out)
+
     def test_disk_full_during_save(self):
         mnt = os.path.join(self.d, "small")
         os.makedirs(mnt)

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 import unittest
 
 TRAINER = os.environ["TRAINER"]
@@ -81,6 +82,56 @@ class BadInput(unittest.TestCase):
                                       ("missing_labels", "dataset /train/labels not found", "memory")]:
             bad = os.path.join(VARIANTS, variant + ".h5")
             self.expect_error([f"--data.path={bad}", f"--data.mode={mode}"], [bad, needle], np=2)
+
+    def test_hostile_values_exit_2(self):
+        # Non-finite numbers trained to NaN and exited 0; a huge timeout overflowed the deadline.
+        for args, needles in [(["--optim.lr=inf"], ["optim.lr = 'inf'", "finite"]),
+                              (["--optim.weight_decay=nan"], ["optim.weight_decay = 'nan'", "finite"]),
+                              (["--model.input_mean=nan"], ["model.input_mean", "finite"]),
+                              (["--model.input_std=inf"], ["model.input_std", "finite"]),
+                              (["--dist.timeout_s=10000000000"], ["dist.timeout_s", "604800"])]:
+            self.expect_error(args, needles)
+
+    def test_bad_environment_exit_2_not_abort(self):
+        # MT_NODE_SPLIT threw outside main's try (SIGABRT); MT_NUM_THREADS=100000 segfaulted.
+        for env, needles, np in [({"MT_NODE_SPLIT": "3"}, ["MT_NODE_SPLIT=3 does not divide the world size 4"], 4),
+                                 ({"MT_NODE_SPLIT": "abc"}, ["MT_NODE_SPLIT='abc' is not an integer"], 2),
+                                 ({"MT_NUM_THREADS": "100000"}, ["MT_NUM_THREADS='100000' is out of range"], 1),
+                                 ({"MT_COMM_TIMEOUT_S": "99999999999"}, ["MT_COMM_TIMEOUT_S", "out of range"], 1)]:
+            code, out, err = run([f"--run.dir={self.dir}", "--train.max_steps=1"], np=np, env=env)
+            self.assertEqual(code, 2, f"{env}: exit code {code}\n{err}")
+            lines = error_lines(err)
+            self.assertEqual(len(lines), 1, f"{env}: expected one error line:\n{err}")
+            for n in needles:
+                self.assertIn(n, lines[0])
+
+    def test_hostile_data_files(self):
+        for variant, needles, np in [
+                ("declared_huge", ["/train/images declares [1000000000,28,28,1]", "chunks stored"], 2),
+                ("label_out_of_range", ["/train/labels[57] = 12", "outside [0, 10)"], 1),
+                ("label_negative", ["/train/labels[5] = -3"], 1),
+                ("test_split_mismatch", ["split test has 32x32x1 images, split train 28x28x1"], 2)]:
+            bad = os.path.join(VARIANTS, variant + ".h5")
+            t0 = time.time()
+            self.expect_error([f"--data.path={bad}", "--data.mode=stream"], [bad] + needles, np=np)
+            self.assertLess(time.time() - t0, 60, variant)
+
+    def test_deep_topology_file_is_refused(self):
+        path = os.path.join(self.dir, "deep.xml")
+        with open(path, "w") as f:
+            f.write('<system version="1">\n' + "<pci>" * 50000 + "</pci>" * 50000 + "\n</system>\n")
+        self.expect_error([f"--topo.file={path}", f"--data.path={FASHION}"], [path, "nested deeper than 64"], np=2)
+        code, out, err = run(["topo", "--file", path])
+        self.assertEqual(code, 2, err)
+        self.assertIn("nested deeper than 64", out + err)
+
+    def test_unusable_checkpoint_dir_fails_at_setup(self):
+        blocker = os.path.join(self.dir, "a_file")
+        open(blocker, "w").close()
+        t0 = time.time()
+        self.expect_error([f"--checkpoint.dir={blocker}/ckpt", f"--data.path={FASHION}", "--train.max_steps=5"],
+                          ["checkpoint.dir: cannot create", f"{blocker}/ckpt"], np=2)
+        self.assertLess(time.time() - t0, 60)
 
     def test_every_rank_exits_2(self):
         line = self.expect_error(["--train.batch_size=3"], ["train.batch_size", "divide evenly over the 2 ranks"], np=2)

@@ -99,6 +99,20 @@ TEST(Topology, MalformedFilesNameLineAndColumn) {
   expectError("<system version=\"1\"><cpu><pci class=\"0x0302\"/></cpu></system>", "1:", "<pci> without busid");
 }
 
+// 50 000 nested elements overflowed the stack (segfault) in the recursive tree build: refused.
+TEST(Topology, DeepNestingIsRefusedNotACrash) {
+  std::string xml = "<system version=\"1\">\n";
+  for (int i = 0; i < 50000; ++i) xml += "<pci>";
+  for (int i = 0; i < 50000; ++i) xml += "</pci>";
+  xml += "\n</system>\n";
+  expectError(xml, "2:", "nested deeper than 64 levels");
+  std::string ok = "<system version=\"1\">";  // 60 levels parse
+  for (int i = 0; i < 59; ++i) ok += "<x>";
+  for (int i = 0; i < 59; ++i) ok += "</x>";
+  ok += "</system>";
+  EXPECT_NO_THROW(parseTopologyXmlString(ok, "ok.xml"));
+}
+
 TEST(Topology, CommentsBlankLinesAndUnknownElements) {
   Topology t = Topology::fromDocument(parseTopologyXmlString(
       "<!-- a comment -->\n\n<system version=\"1\">\n  <cpu numaid=\"0\" affinity=\"0000000f\">\n"
