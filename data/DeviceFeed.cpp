@@ -113,6 +113,7 @@ Batch DeviceFeed::next() {
     Tensor devIdx = Tensor::empty({B}, DType::kI64, device_);
     CUDA_CHECK(cudaMemcpyAsync(devIdx.rawData(), hostIdx.rawData(), hostIdx.nbytes(), cudaMemcpyHostToDevice, compute));
     Batch b;
+    b.sampleIds = idx;
     if (impl_->images.defined()) {
       Shape shape = {B};
       shape.insert(shape.end(), impl_->imageShape.begin(), impl_->imageShape.end());
@@ -138,6 +139,7 @@ Batch DeviceFeed::next() {
   if (mode_ == FeedMode::kPinned) {
     b.inputs = onCopyStream(host.inputs, copy, device_);
     b.targets = onCopyStream(host.targets, copy, device_);
+    b.sampleIds = host.sampleIds;
   } else {
     MT_CHECK(host.inputs.device().isCuda(), "uvm feed: the loader did not collate into managed memory");
     prefetch(host.inputs, copy, device_.index);

@@ -40,7 +40,12 @@ std::vector<int64_t> Loader::batchIndices(int64_t seq) {
   return std::vector<int64_t>(all->begin() + lo, all->begin() + hi);
 }
 
-Batch Loader::build(int64_t seq, ChunkCache* cache) { return source_.collate(batchIndices(seq), cache, host_); }
+Batch Loader::build(int64_t seq, ChunkCache* cache) {
+  std::vector<int64_t> idx = batchIndices(seq);
+  Batch b = source_.collate(idx, cache, host_);
+  b.sampleIds = std::move(idx);
+  return b;
+}
 
 void Loader::startWorkers() {
   stop_ = false;

@@ -211,6 +211,7 @@ Batch Trainer::toDevice(const Batch& b) const {
   Batch d;
   d.inputs = b.inputs.to(device_);
   d.targets = b.targets.to(device_);
+  d.sampleIds = b.sampleIds;
   return d;
 }
 
@@ -406,8 +407,9 @@ LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
   Context ctx;
   ctx.training = true;
   ctx.device = device_;
-  ctx.seed = s_.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(world_->rank() + 1));
+  ctx.seed = s_.seed;  // per-sample streams (ctx.sampleIds): no rank in the seed
   ctx.step = step;
+  ctx.sampleIds = batch.sampleIds.empty() ? nullptr : &batch.sampleIds;
   ctx.lossScale = scaler_ ? scaler_->scale() : 1.f;
   model_->params().zeroGrads();
   if (engine_) engine_->beginStep();

@@ -17,6 +17,9 @@ namespace mt {
 struct Batch {
   Tensor inputs;   // images u8 [N,H,W,C] or tokens [N,T]
   Tensor targets;  // labels i64 [N] or next tokens [N,T]
+  // Dataset index of each row (host): per-sample randomness (dropout) keyed by it is the same
+  // whichever rank, world size or batch position the sample lands in.
+  std::vector<int64_t> sampleIds;
   int64_t size() const { return inputs.defined() ? inputs.dim(0) : 0; }
 };
 

@@ -20,6 +20,9 @@ struct Context {
   uint64_t seed = 0;  // dropout streams derive from (seed, step, layer)
   int64_t step = 0;
   float lossScale = 1.f;  // the loss gradient is multiplied by this (mixed-precision loss scaling)
+  // Dataset index of each row of the batch (host, may be null): dropout masks are a function of
+  // (seed, step, layer, sample index, feature), so any world size gives the same losses.
+  const std::vector<int64_t>* sampleIds = nullptr;
 };
 
 class Module {

@@ -23,7 +23,8 @@ void reluForward(Tensor& y, const Tensor& x);
 void reluBackward(Tensor& dx, const Tensor& dy, const Tensor& y);
 void geluForward(Tensor& y, const Tensor& x, GeluKind kind);
 void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind);
-void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream);
+void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream,
+                    const int64_t* rowIds);
 void dropoutBackward(Tensor& dx, const Tensor& dy, const Tensor& mask, float p);
 void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                       float eps);

@@ -60,9 +60,10 @@ __global__ void geluBwd(const Tdy* dy, const Tin* x, Tdx* dx, int64_t n, bool ta
   }
 }
 __global__ void dropoutFwd(const float* x, float* y, uint8_t* mask, int64_t n, float p, float scale, uint64_t seed,
-                           uint64_t stream) {
+                           uint64_t stream, const int64_t* rowIds, int64_t F) {
   MT_GRID_STRIDE(i, n) {
-    const uint8_t keep = philoxUniform(seed, stream, static_cast<uint64_t>(i)) >= p ? 1 : 0;
+    const uint64_t c = rowIds ? static_cast<uint64_t>(rowIds[i / F] * F + i % F) : static_cast<uint64_t>(i);
+    const uint8_t keep = philoxUniform(seed, stream, c) >= p ? 1 : 0;
     mask[i] = keep;
     y[i] = keep ? x[i] * scale : 0.f;
   }
@@ -124,10 +125,17 @@ void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind) 
   });
   checkLaunch();
 }
-void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream) {
-  dropoutFwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(x.data<float>(), y.data<float>(),
-                                                                 mask.data<uint8_t>(), x.numel(), p,
-                                                                 1.f / (1.f - p), seed, stream);
+void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream,
+                    const int64_t* rowIds) {
+  const int64_t N = std::max<int64_t>(1, x.dim(0)), F = x.numel() / N;
+  Tensor ids;
+  if (rowIds) {  // N ids, a few KB: uploaded with the step
+    Tensor host = Tensor::fromBlob(const_cast<int64_t*>(rowIds), {N}, DType::kI64);
+    ids = host.to(x.device());
+  }
+  dropoutFwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(
+      x.data<float>(), y.data<float>(), mask.data<uint8_t>(), x.numel(), p, 1.f / (1.f - p), seed, stream,
+      ids.defined() ? ids.data<int64_t>() : nullptr, F);
   checkLaunch();
 }
 void dropoutBackward(Tensor& dx, const Tensor& dy, const Tensor& mask, float p) {

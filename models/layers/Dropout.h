@@ -1,16 +1,19 @@
 #pragma once
-// Dropout (inverted): training  y = x · m / (1 - p),  m[i] = [u_i >= p],  u_i = philox(seed, stream, i)
+// Dropout (inverted): training  y = x · m / (1 - p),  m[i] = [u_c >= p],  u_c = philox(seed, stream, c)
 //                     eval      y = x
-// Backward: dx = dy · m / (1 - p)  (overwrites). The mask is a pure function of (seed, step, layer
-// id, element), so it is the same on CPU and GPU and after a resume; it is kept (1 byte/element)
-// rather than recomputed.
+// with counter c = id[n] * F + f for element f of row n (F features per row) when the rows' dataset
+// indices id are given, else c = i. Backward: dx = dy · m / (1 - p)  (overwrites). The mask is a
+// pure function of (seed, step, layer id, sample, feature): the same on CPU and GPU, after a
+// resume, and for any world size or batch position; it is kept (1 byte/element), not recomputed.
 
 #include "models/Module.h"
 
 namespace mt {
 
 // stream identifies (step, layer); mask receives 0/1 per element.
-void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream);
+// rowIds (host, x.dim(0) entries) may be null.
+void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t seed, uint64_t stream,
+                    const int64_t* rowIds = nullptr);
 void dropoutBackward(Tensor& dx, const Tensor& dy, const Tensor& mask, float p);
 uint64_t dropoutStream(int64_t step, int layerId);
 
