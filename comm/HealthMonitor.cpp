@@ -20,7 +20,14 @@ namespace mt {
 namespace {
 
 constexpr int kMaxAddrs = 16;
-constexpr char kHello = 'H', kBye = 'B', kLost = 'L', kAbort = 'X';
+constexpr char kHello = 'H', kBye = 'B', kLost = 'L', kAbort = 'X', kBeat = 'K', kStale = 'S';
+using Clock = std::chrono::steady_clock;
+
+// Heartbeats never block the monitor: a stopped peer's full socket buffer just drops them.
+void sendBeat(int fd) {
+  char buf[5] = {kBeat, 0, 0, 0, 0};
+  (void)!::send(fd, buf, 5, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
 
 struct Message {
   char kind;
@@ -101,7 +108,8 @@ int connectWithTimeout(uint32_t addr, uint16_t port, int timeoutMs) {
 
 }  // namespace
 
-HealthMonitor::HealthMonitor(MPI_Comm world, LostHandler handler, int port) : handler_(std::move(handler)) {
+HealthMonitor::HealthMonitor(MPI_Comm world, LostHandler handler, int port, int heartbeatTimeoutS)
+    : heartbeatTimeoutS_(heartbeatTimeoutS), handler_(std::move(handler)) {
   MPI_CHECK(MPI_Comm_rank(world, &rank_));
   MPI_CHECK(MPI_Comm_size(world, &size_));
   if (size_ == 1) return;
@@ -209,7 +217,32 @@ void HealthMonitor::report(int rank, const std::string& why) {
 }
 
 void HealthMonitor::serverLoop() {
+  std::vector<Clock::time_point> lastSeen(static_cast<size_t>(size_), Clock::now());
+  Clock::time_point lastBeat = Clock::now();
   while (!stopping_) {
+    const Clock::time_point now = Clock::now();
+    if (now - lastBeat >= std::chrono::seconds(1)) {
+      std::lock_guard<std::mutex> lock(sendMutex_);
+      for (int r = 1; r < size_; ++r)
+        if (clientFds_[static_cast<size_t>(r)] >= 0 && !clientLeft_[static_cast<size_t>(r)])
+          sendBeat(clientFds_[static_cast<size_t>(r)]);
+      lastBeat = now;
+    }
+    for (int r = 1; r < size_ && heartbeatTimeoutS_ > 0; ++r) {
+      if (clientFds_[static_cast<size_t>(r)] < 0 || clientLeft_[static_cast<size_t>(r)]) continue;
+      const auto silent = std::chrono::duration_cast<std::chrono::seconds>(now - lastSeen[static_cast<size_t>(r)]);
+      if (silent.count() < heartbeatTimeoutS_) continue;
+      clientLeft_[static_cast<size_t>(r)] = true;
+      {
+        std::lock_guard<std::mutex> lock(sendMutex_);
+        for (int o = 1; o < size_; ++o)
+          if (o != r && clientFds_[static_cast<size_t>(o)] >= 0 && !clientLeft_[static_cast<size_t>(o)])
+            sendMessage(clientFds_[static_cast<size_t>(o)], {kStale, r});
+      }
+      report(r, "it has not answered for " + std::to_string(silent.count()) +
+                    " s (process stopped, e.g. SIGSTOP, or its node hangs)");
+      return;
+    }
     std::vector<pollfd> fds;
     std::vector<int> ranks;
     fds.push_back({wakeFds_[0], POLLIN, 0});
@@ -227,6 +260,8 @@ void HealthMonitor::serverLoop() {
       const int r = ranks[i];
       Message m{};
       int rc = recvMessage(fds[i].fd, &m);
+      if (rc == 1) lastSeen[static_cast<size_t>(r)] = Clock::now();
+      if (rc == 1 && m.kind == kBeat) continue;
       if (rc == 1 && m.kind == kBye) {
         clientLeft_[static_cast<size_t>(r)] = true;
         continue;
@@ -249,14 +284,34 @@ void HealthMonitor::serverLoop() {
 }
 
 void HealthMonitor::clientLoop() {
+  Clock::time_point lastSeen = Clock::now(), lastBeat = Clock::now();
   while (!stopping_) {
+    const Clock::time_point now = Clock::now();
+    if (now - lastBeat >= std::chrono::seconds(1)) {
+      std::lock_guard<std::mutex> lock(sendMutex_);
+      sendBeat(serverFd_);
+      lastBeat = now;
+    }
+    const auto silent = std::chrono::duration_cast<std::chrono::seconds>(now - lastSeen);
+    if (heartbeatTimeoutS_ > 0 && silent.count() >= heartbeatTimeoutS_) {
+      report(0, "rank 0 has not answered for " + std::to_string(silent.count()) +
+                    " s (process stopped, e.g. SIGSTOP, or its node hangs)");
+      return;
+    }
     pollfd fds[2] = {{wakeFds_[0], POLLIN, 0}, {serverFd_, POLLIN, 0}};
     if (::poll(fds, 2, 1000) < 0 && errno != EINTR) return;
     if (fds[0].revents) return;
     if (!fds[1].revents) continue;
     Message m{};
     int rc = recvMessage(serverFd_, &m);
+    if (rc == 1) lastSeen = Clock::now();
+    if (rc == 1 && m.kind == kBeat) continue;
     if (rc == 1 && m.kind == kBye) return;  // rank 0 finished normally
+    if (rc == 1 && m.kind == kStale) {
+      report(m.rank, "reported by rank 0: it has not answered for " + std::to_string(heartbeatTimeoutS_) +
+                         " s (process stopped, e.g. SIGSTOP, or its node hangs)");
+      return;
+    }
     if (rc == 1 && m.kind == kLost) {
       report(m.rank, "reported lost by rank 0 (its connection closed without a goodbye)");
       return;

@@ -5,6 +5,9 @@
 // runs (launch/ logs the rank and the last collectives, then ends the process) — seconds, not the
 // collective timeout. A rank that finishes normally says goodbye first and is not reported. If
 // rank 0 itself dies, the others see their connection close and report rank 0.
+// A rank that is alive but does not run (SIGSTOP, a hung node) keeps its socket open: every
+// monitor thread sends a heartbeat each second, and a peer silent for `heartbeatTimeoutS` is
+// reported as stopped, by rank (rank 0 watches everyone, the others watch rank 0).
 
 #include <mpi.h>
 
@@ -23,7 +26,7 @@ class HealthMonitor {
   // Collective over `world` (exchanges rank 0's address with MPI_Bcast on the calling thread).
   // port 0: any free port. When the connection cannot be made the monitor logs a warning and this
   // rank relies on collective timeouts alone.
-  HealthMonitor(MPI_Comm world, LostHandler handler, int port = 0);
+  HealthMonitor(MPI_Comm world, LostHandler handler, int port = 0, int heartbeatTimeoutS = 20);
   ~HealthMonitor();
   HealthMonitor(const HealthMonitor&) = delete;
   HealthMonitor& operator=(const HealthMonitor&) = delete;
@@ -39,6 +42,7 @@ class HealthMonitor {
   void report(int rank, const std::string& why);
 
   int rank_ = 0, size_ = 1;
+  int heartbeatTimeoutS_ = 20;  // 0: no heartbeat checks
   LostHandler handler_;
   int listenFd_ = -1;
   int serverFd_ = -1;                  // client side: connection to rank 0

@@ -25,6 +25,9 @@ const std::vector<EnvParamInfo>& envParamTable() {
        "emulate nodes of this many ranks (tests on one machine), dividing the world size; 0 = real nodes", 0,
        1 << 20},
       {EnvParam::kProfileDir, "MT_PROFILE_DIR", "", "where topo.profile names are looked up; empty = the source tree's topo/profiles"},
+      {EnvParam::kHeartbeatS, "MT_HEARTBEAT_TIMEOUT_S", "20",
+       "seconds without a heartbeat after which the health monitor reports a rank as stopped (SIGSTOP, hung "
+       "node), 0..86400; 0 = no heartbeat check", 0, 86400},
   };
   return kTable;
 }

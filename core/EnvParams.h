@@ -17,6 +17,7 @@ enum class EnvParam : int {
   kHealthPort,      // MT_HEALTH_PORT
   kNodeSplit,       // MT_NODE_SPLIT
   kProfileDir,      // MT_PROFILE_DIR
+  kHeartbeatS,      // MT_HEARTBEAT_TIMEOUT_S
   kCount
 };
 

@@ -98,6 +98,34 @@ void RowReader::readContiguous(int64_t start, int64_t count, char* dst) const {
            dst);
 }
 
+// HDF5's H5_checksum_fletcher32: 16-bit big-endian words, sums folded every 360 words, an odd
+// last byte as the high half of a word.
+uint32_t fletcher32(const char* bytes, size_t len) {
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes);
+  size_t words = len / 2;
+  uint32_t sum1 = 0, sum2 = 0;
+  while (words) {
+    size_t t = words > 360 ? 360 : words;
+    words -= t;
+    do {
+      sum1 += (static_cast<uint32_t>(data[0]) << 8) | static_cast<uint32_t>(data[1]);
+      data += 2;
+      sum2 += sum1;
+    } while (--t);
+    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  }
+  if (len % 2) {
+    sum1 += static_cast<uint32_t>(*data) << 8;
+    sum2 += sum1;
+    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  }
+  sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+  sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  return (sum2 << 16) | sum1;
+}
+
 std::vector<char> RowReader::decodeChunk(size_t index) const {
   const H5Chunk& c = info_.chunks[index];
   std::vector<char> raw(c.size);
@@ -106,10 +134,25 @@ std::vector<char> RowReader::decodeChunk(size_t index) const {
   for (size_t f = info_.filters.size(); f-- > 0;) {
     if (c.filterMask & (1u << f)) continue;
     switch (info_.filters[f]) {
-      case H5Filter::kFletcher32:
-        if (raw.size() < 4) throw DataError("data file " + info_.file + ": corrupt chunk in " + info_.name);
-        raw.resize(raw.size() - 4);
+      case H5Filter::kFletcher32: {
+        // HDF5's filter appends the Fletcher-32 of the filtered bytes (little-endian); verify it
+        // as the library does (h5py refuses such a chunk), accepting the byte-swapped form that
+        // HDF5 before 1.6.4 wrote on big-endian machines.
+        if (raw.size() < 4)
+          throw DataError("data file " + info_.file + ": chunk at row " + std::to_string(c.origin[0]) + " of " +
+                          info_.name + " is too short for its Fletcher-32 checksum");
+        const size_t n = raw.size() - 4;
+        const auto* tail = reinterpret_cast<const unsigned char*>(raw.data() + n);
+        const uint32_t stored = static_cast<uint32_t>(tail[0]) | static_cast<uint32_t>(tail[1]) << 8 |
+                                static_cast<uint32_t>(tail[2]) << 16 | static_cast<uint32_t>(tail[3]) << 24;
+        const uint32_t sum = fletcher32(raw.data(), n);
+        const uint32_t swapped = ((sum & 0x00ff00ffu) << 8) | ((sum & 0xff00ff00u) >> 8);
+        if (stored != sum && stored != swapped)
+          throw DataError("data file " + info_.file + ": chunk at row " + std::to_string(c.origin[0]) + " of " +
+                          info_.name + " fails its Fletcher-32 checksum (corrupt file)");
+        raw.resize(n);
         break;
+      }
       case H5Filter::kDeflate: {
         std::vector<char> out(chunkBytes_);
         uLongf outLen = static_cast<uLongf>(out.size());

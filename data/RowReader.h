@@ -38,6 +38,9 @@ class ChunkCache {
   std::unordered_map<Key, decltype(lru_)::iterator, KeyHash> map_;
 };
 
+// HDF5's Fletcher-32 checksum (the fletcher32 filter's), over len bytes.
+uint32_t fletcher32(const char* data, size_t len);
+
 class RowReader {
  public:
   // `file` must outlive the reader.

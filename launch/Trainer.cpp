@@ -246,7 +246,7 @@ void Trainer::setupComm() {
   if (world_->size() > 1 && s_.healthMonitor) {
     health_ = std::make_unique<HealthMonitor>(
         MPI_COMM_WORLD, [this](int lost, const std::string& why) { onPeerLost(*world_, lost, why); },
-        static_cast<int>(envInt(EnvParam::kHealthPort)));
+        static_cast<int>(envInt(EnvParam::kHealthPort)), static_cast<int>(envInt(EnvParam::kHeartbeatS)));
   }
 }
 

@@ -14,10 +14,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import trainer_cmd  # noqa: E402
 
 
-def start(d, name, timeout_s):
+def start(d, name, timeout_s, env=None):
     cmd = trainer_cmd(4, ["--model.type=mlp", "--train.max_steps=100000", "--run.log_interval=20",
                           f"--run.dir={d}", f"--run.name={name}", f"--dist.timeout_s={timeout_s}"])
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, **(env or {})))
 
 
 def wait_for_training(d, name, proc, seconds=120):
@@ -93,6 +94,32 @@ class RankFailure(unittest.TestCase):
             self.assertIn("collective timeout on communicator 'world'", out)
             self.assertRegex(out, r"allreduce #\d+ of \d+ bytes")
             self.assertIn("last ", out)  # the dump of recent collectives
+
+
+class StoppedRank(unittest.TestCase):
+    def test_stopped_rank_is_named_by_the_heartbeat(self):
+        # SIGSTOP keeps the rank's sockets open, so only its silence shows: the monitor's
+        # heartbeat names it, long before the 120 s collective timeout.
+        with tempfile.TemporaryDirectory() as d:
+            proc = start(d, "stop", timeout_s=120, env={"MT_HEARTBEAT_TIMEOUT_S": "4"})
+            wait_for_training(d, "stop", proc)
+            victim = pid_of(d, "stop", 1)
+            t0 = time.time()
+            os.kill(victim, signal.SIGSTOP)
+            try:
+                out, _ = proc.communicate(timeout=90)
+            finally:
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            elapsed = time.time() - t0
+            print(out[-2500:])
+            print(f"job ended {elapsed:.1f} s after SIGSTOP of rank 1 (heartbeat timeout 4 s, collective 120 s)")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertLess(elapsed, 40)
+            self.assertRegex(out, r"rank 1 lost.*has not answered for \d+ s")
+            self.assertNotIn("collective timeout", out)
 
 
 if __name__ == "__main__":

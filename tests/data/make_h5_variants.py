@@ -56,6 +56,23 @@ with open(os.path.join(out, "truncated.h5"), "wb") as f:
 raw = open(os.path.join(out, "chunked_rows.h5"), "rb").read()
 with open(os.path.join(out, "truncated_chunked.h5"), "wb") as f:
     f.write(raw[: int(len(raw) * 0.6)])
+# One flipped byte in a chunk of a Fletcher-32-protected dataset (h5py refuses to read it).
+def test_split(f):
+    g = f.create_group("test")
+    g.create_dataset("images", data=images[:40])
+    g.create_dataset("labels", data=labels[:40])
+
+
+write("fletcher_flipped", dict(chunks=(20, 28, 28, 1), fletcher32=True), dict(chunks=(50,), fletcher32=True),
+      extra=test_split)
+with h5py.File(os.path.join(out, "fletcher_flipped.h5"), "r") as f:
+    info = f["train/images"].id.get_chunk_info(2)  # rows 40-59
+with open(os.path.join(out, "fletcher_flipped.h5"), "r+b") as f:
+    f.seek(info.byte_offset + 100)
+    b = f.read(1)
+    f.seek(info.byte_offset + 100)
+    f.write(bytes([b[0] ^ 0x10]))
+
 # Hostile headers and values (trainer-level tests, tests/launch/test_trainer_cli.py).
 with h5py.File(os.path.join(out, "declared_huge.h5"), "w") as f:  # 1e9 images declared, one chunk stored
     g = f.create_group("train")
