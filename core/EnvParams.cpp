@@ -28,6 +28,9 @@ const std::vector<EnvParamInfo>& envParamTable() {
       {EnvParam::kHeartbeatS, "MT_HEARTBEAT_TIMEOUT_S", "20",
        "seconds without a heartbeat after which the health monitor reports a rank as stopped (SIGSTOP, hung "
        "node), 0..86400; 0 = no heartbeat check", 0, 86400},
+      {EnvParam::kGemmEpilogues, "MT_GEMM_EPILOGUES", "1",
+       "1 = on the GPU in bf16/f16, the GPT MLP's GELU and its derivative run in cuBLASLt GEMM epilogues "
+       "(GELU_AUX_BIAS, DGELU); 0 = separate kernels (same math)", 0, 1},
   };
   return kTable;
 }

@@ -18,6 +18,7 @@ enum class EnvParam : int {
   kNodeSplit,       // MT_NODE_SPLIT
   kProfileDir,      // MT_PROFILE_DIR
   kHeartbeatS,      // MT_HEARTBEAT_TIMEOUT_S
+  kGemmEpilogues,    // MT_GEMM_EPILOGUES
   kCount
 };
 

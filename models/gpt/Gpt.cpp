@@ -52,7 +52,6 @@ Gpt::Gpt(const GptConfig& cfg) : cfg_(cfg) {
     b.proj = std::make_unique<Linear>(C, C);
     b.ln2 = std::make_unique<LayerNorm>(C);
     b.fc = std::make_unique<Linear>(C, 4 * C);
-    b.gelu = std::make_unique<GELU>(GeluKind::kTanh);
     b.fcProj = std::make_unique<Linear>(4 * C, C);
     b.ln1->registerParams(params_, p + "ln_1.");
     b.qkv->registerParams(params_, p + "attn.c_attn.");
@@ -114,13 +113,13 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   const DType act = matmulDType(dev);
   for (Block& b : blocks_)
     for (Module* m : {static_cast<Module*>(b.ln1.get()), static_cast<Module*>(b.qkv.get()),
-                      static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.fc.get()),
-                      static_cast<Module*>(b.gelu.get())})
+                      static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.fc.get())})
       m->setLowPrecisionOutput(true);
   lnf_->setLowPrecisionOutput(true);
-  for (Block& b : blocks_) {  // their input gradients go to attention backward / GELU backward
+  for (Block& b : blocks_) {  // their input gradients go to attention backward and LayerNorm backward
     b.proj->setLowPrecisionInputGrad(true);
-    b.fcProj->setLowPrecisionInputGrad(true);
+    b.qkv->setLowPrecisionInputGrad(true);
+    b.fc->setLowPrecisionInputGrad(true);
   }
   hookBefore(0, false);
   Tensor x = Tensor::empty({B, T, C}, DType::kF32, dev);
@@ -135,8 +134,9 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
     attentionForward(y, qkv, cfg_.heads, ctx.training ? &b.att : nullptr);
     Tensor x1 = b.proj->forwardAdd(y, x, ctx);  // residual added by the GEMM
     Tensor h2 = b.ln2->forward(x1, ctx);
-    Tensor f = b.fc->forward(h2, ctx);
-    Tensor g = b.gelu->forward(f, ctx);
+    Tensor pre;  // fc's output before the GELU, for backward
+    Tensor g = b.fc->forwardGelu(h2, ctx, &pre);
+    if (ctx.training) b.pre = pre;
     Tensor x2 = b.fcProj->forwardAdd(g, x1, ctx);
     x = x2;
     hookAfter(static_cast<int>(l) + 1, false);
@@ -181,7 +181,11 @@ void Gpt::backward(Context& ctx) {
   const Device dev = xf_.device();
   hookBefore(0, true);
   hookBefore(static_cast<int>(blocks_.size()) + 1, true);
-  Tensor dxf = Tensor::empty({N, C}, DType::kF32, dev);
+  // Gradients that only GEMMs or LayerNorm backward read are in the matmul dtype; the residual
+  // stream's gradient dx is f32, with a copy dxLow in the matmul dtype made by the LayerNorm
+  // backward that produced it, for the projection GEMMs.
+  const DType act = matmulDType(dev);
+  Tensor dxf = Tensor::empty({N, C}, act, dev);
   const Tensor& wteOp = wteOp_.defined() ? wteOp_ : wte_->value;
   for (int64_t r0 = 0; r0 < N; r0 += cfg_.classifierChunk) {
     const int64_t rows = std::min(cfg_.classifierChunk, N - r0);
@@ -192,7 +196,8 @@ void Gpt::backward(Context& ctx) {
   dlogits_ = Tensor();
   xf_ = Tensor();
   wteOp_ = Tensor();
-  Tensor dx = lnf_->backward(dxf.view({B_, T_, C}), ctx);
+  Tensor dxLow;
+  Tensor dx = lnf_->backwardBoth(dxf.view({B_, T_, C}), nullptr, ctx, &dxLow);
   if (hooks_)
     for (Param* p : lnf_->params()) hooks_->gradReady(*p);
   hookAfter(static_cast<int>(blocks_.size()) + 1, true);
@@ -200,19 +205,19 @@ void Gpt::backward(Context& ctx) {
     Block& b = blocks_[li];
     hookBefore(static_cast<int>(li) + 1, true);
     // x2 = x1 + fcProj(gelu(fc(ln2(x1)))): dx1 = dx + d(mlp path)
-    Tensor dg = b.fcProj->backward(dx, ctx);
-    Tensor df = b.gelu->backward(dg, ctx);
+    Tensor df = b.fcProj->backwardDGelu(dxLow, b.pre, ctx);  // the gradient at the GELU's input
+    b.pre = Tensor();
     Tensor dh2 = b.fc->backward(df, ctx);
-    Tensor dx1 = b.ln2->backwardAdd(dh2, dx, ctx);  // + the residual branch's gradient, one pass
+    Tensor dx1Low;
+    Tensor dx1 = b.ln2->backwardBoth(dh2, &dx, ctx, &dx1Low);  // + the residual branch's gradient, one pass
     // x1 = x + proj(attn(qkv(ln1(x))))
-    Tensor dy = b.proj->backward(dx1, ctx);
+    Tensor dy = b.proj->backward(dx1Low, ctx);
     // In the matmul dtype: the qkv GEMMs read it without a cast.
-    Tensor dqkv = Tensor::empty({B_, T_, 3 * C}, xf_.dtype(), dev);
+    Tensor dqkv = Tensor::empty({B_, T_, 3 * C}, act, dev);
     attentionBackward(dqkv, dy, b.att, cfg_.heads);
     b.att.clear();
     Tensor dh1 = b.qkv->backward(dqkv, ctx);
-    Tensor dx0 = b.ln1->backwardAdd(dh1, dx1, ctx);
-    dx = dx0;
+    dx = b.ln1->backwardBoth(dh1, &dx1, ctx, &dxLow);
     if (hooks_) {
       for (Module* m : {static_cast<Module*>(b.fcProj.get()), static_cast<Module*>(b.fc.get()),
                         static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.proj.get()),
@@ -237,7 +242,8 @@ int64_t Gpt::activationBytes() const {
   if (wteOp_.defined()) b += static_cast<int64_t>(wteOp_.nbytes());
   for (const auto& blk : blocks_) {
     b += blk.ln1->cachedBytes() + blk.qkv->cachedBytes() + blk.proj->cachedBytes() + blk.ln2->cachedBytes() +
-         blk.fc->cachedBytes() + blk.gelu->cachedBytes() + blk.fcProj->cachedBytes();
+         blk.fc->cachedBytes() + blk.fcProj->cachedBytes();
+    if (blk.pre.defined()) b += static_cast<int64_t>(blk.pre.nbytes());
     b += blk.att.bytes();
   }
   return b + lnf_->cachedBytes();
@@ -247,10 +253,10 @@ void Gpt::clearActivations() {
   for (auto& blk : blocks_) {
     for (Module* m : {static_cast<Module*>(blk.ln1.get()), static_cast<Module*>(blk.qkv.get()),
                       static_cast<Module*>(blk.proj.get()), static_cast<Module*>(blk.ln2.get()),
-                      static_cast<Module*>(blk.fc.get()), static_cast<Module*>(blk.gelu.get()),
-                      static_cast<Module*>(blk.fcProj.get())})
+                      static_cast<Module*>(blk.fc.get()), static_cast<Module*>(blk.fcProj.get())})
       m->clearCache();
     blk.att.clear();
+    blk.pre = Tensor();
   }
   lnf_->clearCache();
   dlogits_ = Tensor();

@@ -8,8 +8,11 @@
 // The classifier is fused with the loss: logits are made chunk by chunk straight into the gradient
 // buffer and turned in place into their gradient (softmax - onehot) / N (in the matmul dtype on
 // the GPU in reduced precision). There, activations that feed a GEMM (LayerNorm, qkv, attention,
-// fc and GELU outputs, and the gradients dqkv and dGELU) are in the matmul dtype as well; the
-// residual stream and the other gradients stay f32. Backward accumulates into Param::grad.
+// fc and GELU outputs, and the gradients of every GEMM input) are in the matmul dtype as well; the
+// residual stream and its gradient stay f32 (LayerNorm backward also writes the gradient's copy in
+// the matmul dtype that the projection GEMMs read). The MLP's GELU is fused into the fc GEMM and
+// its derivative into fcProj's input-gradient GEMM (cuBLASLt epilogues). Backward accumulates into
+// Param::grad.
 // Init (GPT-2): N(0, 0.02) weights, N(0, 0.01) positions, residual projections N(0, 0.02/sqrt(2L)),
 // zero biases, unit LayerNorm gains.
 //
@@ -55,9 +58,9 @@ class Gpt final : public Model {
  private:
   struct Block {
     std::unique_ptr<LayerNorm> ln1, ln2;
-    std::unique_ptr<Linear> qkv, proj, fc, fcProj;
-    std::unique_ptr<GELU> gelu;
+    std::unique_ptr<Linear> qkv, proj, fc, fcProj;  // fc is followed by the tanh GELU (Linear::forwardGelu)
     AttentionSaved att;  // what attention backward needs (training)
+    Tensor pre;          // fc's output before the GELU (training)
   };
   void hookBefore(int unit, bool backward);
   void hookAfter(int unit, bool backward);

@@ -40,8 +40,12 @@ __global__ void lnFwd(const float* x, const float* w, const float* b, Tout* y, f
 constexpr int kLnBwdThreads = 256;
 constexpr int kLnRowsPerBlock = 32;
 
-__global__ void lnBwd(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                      const float* residual, float* dx, float* partW, float* partB, int64_t R, int64_t C) {
+// dy in f32 or the matmul dtype (a GEMM's input gradient); dx in f32 (the residual stream), and
+// optionally a copy dxLow in the matmul dtype for the GEMMs that read it next (no separate cast).
+template <typename Tdy, typename Tlow>
+__global__ void lnBwd(const Tdy* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                      const float* residual, float* dx, Tlow* dxLow, float* partW, float* partB, int64_t R,
+                      int64_t C) {
   extern __shared__ float acc[];  // [2*C]: this block's dw and db partials, each channel owned by one thread
   __shared__ float red[32];
   for (int64_t c = threadIdx.x; c < 2 * C; c += blockDim.x) acc[c] = 0.f;
@@ -49,23 +53,26 @@ __global__ void lnBwd(const float* dy, const float* x, const float* w, const flo
   const int64_t r0 = blockIdx.x * static_cast<int64_t>(kLnRowsPerBlock), r1 = min(R, r0 + kLnRowsPerBlock);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * C;
-    const float* gr = dy + r * C;
+    const Tdy* gr = dy + r * C;
     const float m = mean[r], rs = rstd[r];
     float sg = 0.f, sgn = 0.f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       const float n = (xr[c] - m) * rs;
-      const float gw = gr[c] * w[c];
+      const float g = toF32(gr[c]);
+      const float gw = g * w[c];
       sg += gw;
       sgn += gw * n;
-      acc[c] += gr[c] * n;
-      acc[C + c] += gr[c];
+      acc[c] += g * n;
+      acc[C + c] += g;
     }
     const float mg = blockSum(sg, red) / static_cast<float>(C);
     const float mgn = blockSum(sgn, red) / static_cast<float>(C);
     float* dxr = dx + r * C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       const float n = (xr[c] - m) * rs;
-      dxr[c] = rs * (gr[c] * w[c] - mg - n * mgn) + (residual ? residual[r * C + c] : 0.f);
+      const float d = rs * (toF32(gr[c]) * w[c] - mg - n * mgn) + (residual ? residual[r * C + c] : 0.f);
+      dxr[c] = d;
+      if (dxLow) dxLow[r * C + c] = fromF32<Tlow>(d);
     }
   }
   __syncthreads();
@@ -119,17 +126,28 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 }
 
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& mean, const Tensor& rstd, const Tensor* residual) {
+                       const Tensor& mean, const Tensor& rstd, const Tensor* residual, Tensor* dxLow) {
   const int64_t C = x.dim(-1), R = x.numel() / C;
   const int64_t blocks = (R + kLnRowsPerBlock - 1) / kLnRowsPerBlock;
   Tensor partW = Tensor::empty({blocks, C}, DType::kF32, x.device());
   Tensor partB = Tensor::empty({blocks, C}, DType::kF32, x.device());
   const size_t smem = static_cast<size_t>(2 * C) * sizeof(float);
-  if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(lnBwd, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  lnBwd<<<static_cast<unsigned>(blocks), kLnBwdThreads, smem, currentStream()>>>(
-      dy.data<float>(), x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(),
-      residual ? residual->data<float>() : nullptr, dx.data<float>(),
-      partW.data<float>(), partB.data<float>(), R, C);
+  const DType lowType = dxLow && dxLow->defined() ? dxLow->dtype() : DType::kF32;
+  dispatchFloat(dy.dtype(), [&](auto tdy) {
+    using Tdy = decltype(tdy);
+    dispatchFloat(lowType, [&](auto tlow) {
+      using Tlow = decltype(tlow);
+      Tlow* low = dxLow && dxLow->defined() ? static_cast<Tlow*>(dxLow->rawData()) : nullptr;
+      const Tdy* dyp = static_cast<const Tdy*>(dy.rawData());
+      const float* res = residual ? residual->data<float>() : nullptr;
+      auto* kernel = lnBwd<Tdy, Tlow>;
+      if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      kernel<<<static_cast<unsigned>(blocks), kLnBwdThreads, smem, currentStream()>>>(
+          dyp, x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(), res, dx.data<float>(), low,
+          partW.data<float>(), partB.data<float>(), R, C);
+    });
+  });
   lnBwdReduce<<<static_cast<unsigned>((C + 31) / 32), 32 * kReduceRows, 0, currentStream()>>>(
       partW.data<float>(), partB.data<float>(), dw.data<float>(), db.data<float>(), blocks, C);
   checkLaunch();

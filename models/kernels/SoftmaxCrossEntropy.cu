@@ -1,8 +1,11 @@
 // Fused softmax + cross-entropy: one block per row computes max, log-sum-exp, the row's loss and
 // whether argmax == target in one online pass, and writes dlogits = scale * (softmax - onehot) /
-// valid in a second, in place over f32 or bf16/f16 logits, so the probabilities are never stored. Per-row results are reduced on the device and three numbers
+// valid in a second, in place over f32 or bf16/f16 logits, so the probabilities are never stored
+// (rows that fit are held in shared memory between the passes: one read, one write). Per-row results
+// are reduced on the device and three numbers
 // (loss sum, correct, count) come back to the host.
 
+#include <algorithm>
 #include <climits>
 #include <type_traits>
 
@@ -102,6 +105,95 @@ __global__ void ceRows(const TZ* z, const TT* targets, TZ* dz, double* rowLoss, 
   }
 }
 
+// The same, with the row held in shared memory between the passes: the logits are read from
+// global memory once instead of twice (one read, one write per element: the byte floor), and the
+// exponentials of each 16-byte load are taken against one running max. Dynamic shared memory of
+// one row (GPT-2: 50,304 bf16 = 98 KiB, two blocks per SM). Keeping the row in registers instead
+// (8 x 16 bytes per thread) spilled at 1024 threads and was slower than the two-pass kernel.
+template <typename TZ, typename TT>
+__global__ void __launch_bounds__(1024) ceRowsSmem(const TZ* z, const TT* targets, TZ* dz, double* rowLoss,
+                                                   int* rowCorrect, int* rowValid, int* badTarget, int C,
+                                                   int stride, float inv) {
+  constexpr int V = 16 / sizeof(TZ);
+  extern __shared__ uint4 rowBuf[];  // stride / V entries
+  __shared__ RowStat red[32];
+  __shared__ float ztShared;
+  const int64_t r = blockIdx.x;
+  const TZ* zr = z + r * static_cast<int64_t>(stride);
+  const int64_t t = static_cast<int64_t>(targets[r]);
+  const bool valid = t != -100;
+  if (valid && (t < 0 || t >= C)) {
+    if (threadIdx.x == 0) atomicExch(badTarget, 1);
+    return;
+  }
+  if (threadIdx.x == 0) ztShared = valid ? toF32(zr[t]) : 0.f;
+  const int loads = stride / V;
+  RowStat st{-INFINITY, 0.f, INT_MAX};
+  auto consume = [&](const uint4& u, int k) {
+    rowBuf[k] = u;
+    const TZ* e = reinterpret_cast<const TZ*>(&u);
+    const int c0 = k * V;
+    float lm = -INFINITY;
+    int la = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float v = c0 + i < C ? toF32(e[i]) : -INFINITY;
+      if (v > lm) lm = v, la = c0 + i;
+    }
+    if (lm == -INFINITY) return;
+    float ls = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (c0 + i < C) ls += __expf(toF32(e[i]) - lm);
+    st = mergeStat(st, RowStat{lm, ls, la});
+  };
+  // Two loads in flight per thread before their use.
+  int k = threadIdx.x;
+  for (; k + static_cast<int>(blockDim.x) < loads; k += 2 * blockDim.x) {
+    const uint4 u0 = reinterpret_cast<const uint4*>(zr)[k];
+    const uint4 u1 = reinterpret_cast<const uint4*>(zr)[k + blockDim.x];
+    consume(u0, k);
+    consume(u1, k + blockDim.x);
+  }
+  if (k < loads) consume(reinterpret_cast<const uint4*>(zr)[k], k);
+  for (int o = 16; o > 0; o >>= 1) {
+    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
+                  __shfl_xor_sync(0xffffffffu, st.a, o)};
+    st = mergeStat(st, other);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) red[warp] = st;
+  __syncthreads();  // also orders thread 0's read of z[t], and every rowBuf write, before what follows
+  st = lane < warps ? red[lane] : RowStat{-INFINITY, 0.f, INT_MAX};
+  for (int o = 16; o > 0; o >>= 1) {
+    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
+                  __shfl_xor_sync(0xffffffffu, st.a, o)};
+    st = mergeStat(st, other);
+  }
+  const float lse = st.m + logf(st.s);
+  if (dz) {
+    uint4* dr = reinterpret_cast<uint4*>(dz + r * static_cast<int64_t>(stride));
+    for (int k2 = threadIdx.x; k2 < loads; k2 += blockDim.x) {
+      uint4 u = rowBuf[k2];
+      TZ* e = reinterpret_cast<TZ*>(&u);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const int c = k2 * V + i;
+        const float p = c < C ? __expf(toF32(e[i]) - lse) : 0.f;
+        e[i] = fromF32<TZ>(valid && c < C ? (p - (c == t ? 1.f : 0.f)) * inv : 0.f);
+      }
+      dr[k2] = u;
+    }
+  }
+  if (threadIdx.x == 0) {
+    rowLoss[r] = valid ? static_cast<double>(lse) - static_cast<double>(ztShared) : 0.0;
+    rowCorrect[r] = valid && st.a == t ? 1 : 0;
+    rowValid[r] = valid ? 1 : 0;
+  }
+}
+// Rows up to this many bytes go through shared memory (two blocks per SM on Hopper's 227 KiB).
+constexpr int64_t kCeSmemMaxBytes = 110 * 1024;
+
 __global__ void ceReduce(const double* rowLoss, const int* rowCorrect, const int* rowValid, int64_t N, double* out) {
   __shared__ double sl[256];
   __shared__ double sc[256], sv[256];
@@ -168,9 +260,24 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
                        (!dlogits || reinterpret_cast<uintptr_t>(dlogits->rawData()) % 16 == 0);
       const TZ* zp = static_cast<const TZ*>(logits.rawData());
       TZ* dp = dlogits ? static_cast<TZ*>(dlogits->rawData()) : nullptr;
+      const bool inSmem = vec && stride * static_cast<int64_t>(sizeof(TZ)) <= kCeSmemMaxBytes;
       auto launch = [&](auto tt, auto vecTag) {
         using TT = std::remove_cv_t<std::remove_pointer_t<decltype(tt)>>;
         constexpr int kV = decltype(vecTag)::value;
+        if constexpr (kV > 1) {
+          if (inSmem) {
+            const int smem = static_cast<int>(stride * static_cast<int64_t>(sizeof(TZ)));
+            auto* kernel = ceRowsSmem<TZ, TT>;
+            if (smem > 48 * 1024)
+              CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            // Fewest whole warps up to 1024 that cover the row in about eight loads each.
+            const int64_t loads = stride / V;
+            const int nt = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (loads / 8 + 31) / 32 * 32)));
+            kernel<<<static_cast<unsigned>(N), nt, smem, s>>>(zp, tt, dp, rowLoss.data<double>(), correct, valid, bad,
+                                                             static_cast<int>(C), static_cast<int>(stride), inv);
+            return;
+          }
+        }
         ceRows<TZ, TT, kV><<<static_cast<unsigned>(N), threads, 0, s>>>(zp, tt, dp, rowLoss.data<double>(), correct,
                                                                          valid, bad, C, stride, inv);
       };

@@ -7,6 +7,7 @@
 #include "core/Parallel.h"
 #include "models/Init.h"
 #include "models/kernels/Dispatch.h"
+#include "models/layers/Precision.h"
 
 namespace mt {
 
@@ -41,8 +42,9 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 }
 
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& mean, const Tensor& rstd, const Tensor* residual) {
-  MT_DISPATCH_CUDA(x, layerNormBackward(dx, dw, db, dy, x, w, mean, rstd, residual));
+                       const Tensor& mean, const Tensor& rstd, const Tensor* residual, Tensor* dxLow) {
+  MT_DISPATCH_CUDA(x, layerNormBackward(dx, dw, db, dy, x, w, mean, rstd, residual, dxLow));
+  MT_CHECK(!dxLow || !dxLow->defined(), "layernorm backward: a reduced-precision copy of dx exists only on CUDA");
   const float* resp = residual ? residual->data<float>() : nullptr;
   const int64_t C = x.dim(-1), R = x.numel() / C;
   const float* xp = x.data<float>();
@@ -119,20 +121,22 @@ Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
   return y;
 }
 
-Tensor LayerNorm::backward(const Tensor& dy, Context& ctx) {
-  MT_CHECK(x_.defined(), "LayerNorm::backward without a training forward");
-  Tensor dx = Tensor::empty(x_.shape(), DType::kF32, x_.device());
-  layerNormBackward(dx, w_->grad, b_->grad, dy, x_, w_->value, mean_, rstd_);
-  clearCache();
-  return dx;
-}
+Tensor LayerNorm::backward(const Tensor& dy, Context& ctx) { return backwardBoth(dy, nullptr, ctx, nullptr); }
 
 Tensor LayerNorm::backwardAdd(const Tensor& dy, const Tensor& residual, Context& ctx) {
+  return backwardBoth(dy, &residual, ctx, nullptr);
+}
+
+Tensor LayerNorm::backwardBoth(const Tensor& dy, const Tensor* residual, Context&, Tensor* dxLow) {
   MT_CHECK(x_.defined(), "LayerNorm::backward without a training forward");
-  MT_CHECK(residual.numel() == x_.numel() && residual.dtype() == DType::kF32, "layernorm residual gradient ",
-           residual.str(), " for ", x_.str());
+  MT_CHECK(!residual || (residual->numel() == x_.numel() && residual->dtype() == DType::kF32),
+           "layernorm residual gradient ", residual ? residual->str() : "", " for ", x_.str());
   Tensor dx = Tensor::empty(x_.shape(), DType::kF32, x_.device());
-  layerNormBackward(dx, w_->grad, b_->grad, dy, x_, w_->value, mean_, rstd_, &residual);
+  const DType low = matmulDType(x_.device());
+  if (dxLow && low != DType::kF32) *dxLow = Tensor::empty(x_.shape(), low, x_.device());
+  layerNormBackward(dx, w_->grad, b_->grad, dy, x_, w_->value, mean_, rstd_, residual,
+                    dxLow && low != DType::kF32 ? dxLow : nullptr);
+  if (dxLow && low == DType::kF32) *dxLow = dx;
   clearCache();
   return dx;
 }

@@ -15,9 +15,11 @@ namespace mt {
 void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                       float eps);
 // residual (optional, f32 like dx): dx = LayerNorm'(dy) + residual (a residual branch's gradient
-// added in the same pass).
+// added in the same pass). dy: f32, or bf16/f16 on CUDA. dxLow (CUDA only, optional, allocated
+// bf16/f16): a copy of dx in that dtype, written by the same pass, for the GEMMs that read it.
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& mean, const Tensor& rstd, const Tensor* residual = nullptr);
+                       const Tensor& mean, const Tensor& rstd, const Tensor* residual = nullptr,
+                       Tensor* dxLow = nullptr);
 
 class LayerNorm : public Module {
  public:
@@ -29,6 +31,9 @@ class LayerNorm : public Module {
   Tensor backward(const Tensor& dy, Context& ctx) override;
   // backward(dy) + residual, in one pass.
   Tensor backwardAdd(const Tensor& dy, const Tensor& residual, Context& ctx);
+  // Either of the above (residual optional) that also returns dx in the matmul dtype in *dxLow
+  // (dx itself where that is f32), for the GEMMs that read the gradient next.
+  Tensor backwardBoth(const Tensor& dy, const Tensor* residual, Context& ctx, Tensor* dxLow);
   std::vector<Param*> params() override { return {w_, b_}; }
   Shape outputShape(const Shape& in) const override { return in; }
   void clearCache() override;

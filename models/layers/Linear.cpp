@@ -5,6 +5,7 @@
 #include "core/Parallel.h"
 #include "models/Init.h"
 #include "models/kernels/Dispatch.h"
+#include "models/layers/Activation.h"
 #include "models/layers/Gemm.h"
 #include "models/layers/Precision.h"
 
@@ -44,6 +45,20 @@ void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const 
   }
 }
 
+void linearGeluForward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b) {
+  MT_DISPATCH_CUDA(x, linearGeluForward(y, pre, x, w, b));
+  linearForward(pre, x, w, b);
+  geluForward(y, pre, GeluKind::kTanh);
+}
+
+void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                         const Tensor& pre) {
+  MT_DISPATCH_CUDA(x, linearBackwardDGelu(dpre, dw, db, dy, x, w, pre));
+  Tensor dg = Tensor::empty(dpre.shape(), DType::kF32, dpre.device());
+  linearBackward(&dg, dw, db, dy, x, w);
+  geluBackward(dpre, dg, pre, GeluKind::kTanh);
+}
+
 void Linear::registerParams(ParamTable& table, const std::string& prefix) {
   w_ = &table.add(prefix + "weight", {out_, in_}, true);
   if (hasBias_) b_ = &table.add(prefix + "bias", {out_}, false);
@@ -79,6 +94,28 @@ Tensor Linear::forwardAdd(const Tensor& x, const Tensor& residual, Context& ctx)
   linearForward(y, xo, w_->value, b_ ? &b_->value : nullptr, &residual);
   if (ctx.training) x_ = xo;
   return y;
+}
+
+Tensor Linear::forwardGelu(const Tensor& x, Context& ctx, Tensor* pre) {
+  Shape outShape = x.shape();
+  outShape.back() = out_;
+  Tensor xo = castTo(x, matmulDType(x.device()));
+  const DType t = outputDType(x.device());
+  Tensor y = Tensor::empty(outShape, t, x.device());
+  *pre = Tensor::empty(outShape, t, x.device());
+  linearGeluForward(y, *pre, xo, w_->value, b_ ? &b_->value : nullptr);
+  if (ctx.training) x_ = xo;
+  return y;
+}
+
+Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&) {
+  MT_CHECK(x_.defined(), "Linear::backward without a training forward");
+  MT_CHECK(pre.numel() == x_.numel(), "linear+dGELU: pre-activation ", pre.str(), " for input ", x_.str());
+  // In the matmul dtype when pre is (the gradient feeds the previous layer's GEMMs).
+  Tensor dpre = Tensor::empty(x_.shape(), pre.dtype(), x_.device());
+  linearBackwardDGelu(dpre, w_->grad, b_ ? &b_->grad : nullptr, dy, x_, w_->value, pre);
+  x_ = Tensor();
+  return dpre;
 }
 
 Tensor Linear::backward(const Tensor& dy, Context& ctx) {

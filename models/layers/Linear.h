@@ -14,6 +14,15 @@ namespace mt {
 // residual (optional, y's shape and dtype): y = x W^T + b + residual, in the same pass.
 void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual = nullptr);
 void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w);
+// A linear layer followed by the tanh GELU (GPT-2's MLP): y = GELU(x W^T + b), with the
+// pre-activation pre = x W^T + b (y's shape and dtype) kept for backward. On CUDA in reduced
+// precision one GEMM (cuBLASLt GELU_AUX_BIAS epilogue); elsewhere the GEMM then the GELU kernel.
+void linearGeluForward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b);
+// The backward of a linear layer whose input was GELU(pre): dpre = (dy W) * GELU'(pre) (overwrites;
+// the gradient at the GELU's input), dW and db accumulate as in linearBackward. On CUDA in reduced
+// precision the DGELU epilogue of the input-gradient GEMM.
+void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                         const Tensor& pre);
 
 class Linear : public Module {
  public:
@@ -24,6 +33,11 @@ class Linear : public Module {
   Tensor forward(const Tensor& x, Context& ctx) override;
   // forward(x) + residual (a residual connection fused into the GEMM); output in residual's dtype.
   Tensor forwardAdd(const Tensor& x, const Tensor& residual, Context& ctx);
+  // GELU(forward(x)) with the pre-activation returned in *pre (kept by the caller for the next
+  // layer's backwardDGelu); output and pre in the layer's output dtype.
+  Tensor forwardGelu(const Tensor& x, Context& ctx, Tensor* pre);
+  // backward(dy) for a layer whose input was GELU(pre): returns the gradient at pre.
+  Tensor backwardDGelu(const Tensor& dy, const Tensor& pre, Context& ctx);
   // dx in the matmul dtype (its consumer is a GEMM or a kernel that reads reduced precision).
   void setLowPrecisionInputGrad(bool low) { lowInputGrad_ = low; }
   Tensor backward(const Tensor& dy, Context& ctx) override;

@@ -22,6 +22,7 @@
 #include "models/layers/LayerNorm.h"
 #include "models/layers/Linear.h"
 #include "models/layers/MaxPool2d.h"
+#include "models/layers/Precision.h"
 #include "models/layers/SoftmaxCrossEntropy.h"
 #include "models/optim/GradClip.h"
 #include "models/optim/LossScaler.h"
@@ -39,6 +40,12 @@ const Device kGpu = Device::cuda(0);
 
 Tensor gpu(const Tensor& t) { return t.to(kGpu); }
 Tensor zerosLike(const Tensor& t, Device d) { return Tensor::zeros(t.shape(), t.dtype(), d); }
+// A GPU tensor full of NaN: elements a kernel fails to write fail the comparison.
+Tensor poisoned(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+  t.fill_(std::nanf(""));
+  return t.to(kGpu);
+}
 
 class PrecisionScope {
  public:
@@ -94,6 +101,35 @@ TEST(GpuParity, LinearResidualAndReducedPrecisionIO) {
 }
 TEST(GpuParity, LinearBF16) { linearCase(MatmulPrecision::kBF16, kBF16); }
 TEST(GpuParity, LinearF16) { linearCase(MatmulPrecision::kF16, kBF16); }
+
+// GPT-2's MLP: fc with the tanh GELU in cuBLASLt's GELU_AUX_BIAS epilogue, fcProj's input gradient
+// with the DGELU epilogue (widths that are multiples of 8), and the separate-kernel fallback
+// (width 44), against the CPU's GEMM-then-GELU.
+TEST(GpuParity, LinearGeluEpilogues) {
+  PrecisionScope scope(MatmulPrecision::kBF16);
+  for (int64_t H : {256, 44}) {
+    Tensor x = randomTensor({67, 128}, 71), w = randomTensor({H, 128}, 72, 0.1f), b = randomTensor({H}, 73);
+    Tensor w2 = randomTensor({48, H}, 74, 0.1f), dy = randomTensor({67, 48}, 75);
+    Tensor y = Tensor::zeros({67, H}, DType::kF32), pre = Tensor::zeros({67, H}, DType::kF32);
+    linearGeluForward(y, pre, x, w, &b);
+    Tensor dpre = Tensor::zeros({67, H}, DType::kF32), dw2 = zerosLike(w2, Device::cpu()),
+           db2 = Tensor::zeros({48}, DType::kF32);
+    linearBackwardDGelu(dpre, dw2, &db2, dy, y, w2, pre);
+    Tensor gy = poisoned({67, H}, DType::kBF16), gpre = poisoned({67, H}, DType::kBF16);
+    Tensor gb = gpu(b);
+    linearGeluForward(gy, gpre, gpu(x), gpu(w), &gb);
+    EXPECT_LT(relErr(gpre, pre), kBF16) << H;
+    EXPECT_LT(relErr(gy, y), kBF16) << H;
+    // Backward from the CPU's own activations (rounded to bf16 as the GPU keeps them).
+    Tensor gdpre = poisoned({67, H}, DType::kBF16), gdw2 = zerosLike(w2, kGpu),
+           gdb2 = Tensor::zeros({48}, DType::kF32, kGpu);
+    Tensor gpre16 = castTo(gpu(pre), DType::kBF16), gy16 = castTo(gpu(y), DType::kBF16);
+    linearBackwardDGelu(gdpre, gdw2, &gdb2, castTo(gpu(dy), DType::kBF16), gy16, gpu(w2), gpre16);
+    EXPECT_LT(relErr(gdpre, dpre), kBF16) << H;
+    EXPECT_LT(relErr(gdw2, dw2), kBF16) << H;
+    EXPECT_LT(relErr(gdb2, db2), kBF16) << H;
+  }
+}
 
 void convCase(Layout layout, int64_t k, int64_t s, int64_t pad, MatmulPrecision p, double tol) {
   PrecisionScope scope(p);
@@ -205,6 +241,51 @@ TEST(GpuParity, LayerNormSoftmaxEmbeddingImageInput) {
     EXPECT_LT(relErr(gdx, dx), kF32) << C;
     EXPECT_LT(relErr(gdw, dw), kF32) << C;
     EXPECT_LT(relErr(gdb, db), kF32) << C;
+  }
+  {
+    // LayerNorm backward from a bf16 gradient (a GEMM's input gradient), also writing dx in bf16.
+    const int64_t C = 768;
+    Tensor x = randomTensor({41, C}, 46, 3.f), w = randomTensor({C}, 47), b = randomTensor({C}, 48);
+    Tensor gx = gpu(x), gw = gpu(w), gb = gpu(b), gmean = Tensor::empty({41}, DType::kF32, kGpu),
+           grstd = Tensor::empty({41}, DType::kF32, kGpu), gy = zerosLike(x, kGpu);
+    layerNormForward(gy, &gmean, &grstd, gx, gw, gb, 1e-5f);
+    Tensor dy16 = castTo(gpu(randomTensor({41, C}, 49)), DType::kBF16);
+    Tensor dyRounded = castTo(dy16, DType::kF32).to(Device::cpu());
+    Tensor mean = gmean.to(Device::cpu()), rstd = grstd.to(Device::cpu());
+    Tensor r = randomTensor({41, C}, 50);
+    Tensor dx = zerosLike(x, Device::cpu()), dw = zerosLike(w, Device::cpu()), db = zerosLike(b, Device::cpu());
+    layerNormBackward(dx, dw, db, dyRounded, x, w, mean, rstd, &r);
+    Tensor gdx = zerosLike(x, kGpu), gdw = zerosLike(w, kGpu), gdb = zerosLike(b, kGpu),
+           gdxLow = poisoned(x.shape(), DType::kBF16), gr = gpu(r);
+    layerNormBackward(gdx, gdw, gdb, dy16, gx, gw, gmean, grstd, &gr, &gdxLow);
+    EXPECT_LT(relErr(gdx, dx), kF32);
+    EXPECT_LT(relErr(gdw, dw), kF32);
+    EXPECT_LT(relErr(gdb, db), kF32);
+    EXPECT_LT(relErr(gdxLow, dx), 1e-2);
+  }
+  {
+    // bf16 logits in place, padded rows (stride 1024, 1003 classes): the register-resident kernel.
+    Tensor z = randomTensor({37, 1024}, 52, 5.f), t = Tensor::empty({37}, DType::kI64);
+    for (int i = 0; i < 37; ++i) t.data<int64_t>()[i] = i == 7 ? kIgnoreIndex : (i * 173) % 1003;
+    Tensor gz16 = castTo(gpu(z), DType::kBF16);
+    Tensor zr = castTo(gz16, DType::kF32).to(Device::cpu());
+    Tensor zc = Tensor::empty({37, 1003}, DType::kF32);
+    for (int64_t i = 0; i < 37; ++i)
+      for (int64_t j = 0; j < 1003; ++j) zc.data<float>()[i * 1003 + j] = zr.data<float>()[i * 1024 + j];
+    Tensor dzc = zerosLike(zc, Device::cpu());
+    LossStats c = softmaxCrossEntropy(zc, t, &dzc, 1.f);
+    LossStats g = softmaxCrossEntropy(gz16, t, &gz16, 1.f, -1, 1003);
+    EXPECT_EQ(g.count, c.count);
+    EXPECT_EQ(g.correct, c.correct);
+    EXPECT_NEAR(g.lossSum, c.lossSum, 1e-4 * std::fabs(c.lossSum));
+    Tensor gd = castTo(gz16, DType::kF32).to(Device::cpu()), gdc = zerosLike(zc, Device::cpu());
+    double padAbs = 0;
+    for (int64_t i = 0; i < 37; ++i) {
+      for (int64_t j = 0; j < 1003; ++j) gdc.data<float>()[i * 1003 + j] = gd.data<float>()[i * 1024 + j];
+      for (int64_t j = 1003; j < 1024; ++j) padAbs += std::fabs(gd.data<float>()[i * 1024 + j]);
+    }
+    EXPECT_LT(relErr(gdc, dzc), kBF16);
+    EXPECT_EQ(padAbs, 0.0);  // padded columns get a zero gradient
   }
   Tensor z = randomTensor({37, 1003}, 51, 5.f), t = Tensor::empty({37}, DType::kI64);
   for (int i = 0; i < 37; ++i) t.data<int64_t>()[i] = i == 5 ? kIgnoreIndex : (i * 131) % 1003;
