@@ -62,8 +62,14 @@ std::vector<std::string> unknownEnvParams() {
   for (char** e = environ; e && *e; ++e) {
     if (std::strncmp(*e, "MT_", 3) != 0) continue;
     std::string name(*e, std::strcspn(*e, "="));
+    // Read by the Slurm scripts and the local cluster (scripts/slurm), not by the trainer.
+    static const char* const kScriptVariables[] = {"MT_PROFILE",   "MT_TOPO_FILE",    "MT_REQUEUE",
+                                                   "MT_REPO",      "MT_TRAINER",
+                                                   "MT_RUN_ROOT",  "MT_SLURM_DIR",    "MT_SLURMCTLD_PORT",
+                                                   "MT_SLURMD_PORT"};
     bool known = false;
     for (const auto& i : envParamTable()) known = known || name == i.name;
+    for (const char* v : kScriptVariables) known = known || name == v;
     if (!known) out.push_back(name);
   }
   return out;

@@ -2,6 +2,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -124,6 +125,32 @@ const ConfigKey* findKey(const std::string& key) {
   return nullptr;
 }
 
+// " (did you mean 'train.epochs'?)" for a key within a small edit distance of a known one.
+std::string suggestKey(const std::string& key) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diag = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  };
+  const std::string* best = nullptr;
+  size_t bestD = 0;
+  for (const auto& k : configSchema()) {
+    const size_t d = distance(key, k.key);
+    if (!best || d < bestD) best = &k.key, bestD = d;
+  }
+  if (!best || bestD > std::max<size_t>(2, key.size() / 4)) return "";
+  return " (did you mean '" + *best + "'?)";
+}
+
 std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
   return a == std::string::npos ? "" : s.substr(a, b - a + 1);
@@ -153,7 +180,8 @@ Config Config::fromFile(const std::string& path, const std::map<std::string, std
   try {
     po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
   } catch (const po::unknown_option& e) {
-    throw ConfigError("config error: " + path + ": unknown key '" + e.get_option_name() + "'");
+    throw ConfigError("config error: " + path + ": unknown key '" + e.get_option_name() + "'" +
+                      suggestKey(e.get_option_name()));
   } catch (const po::multiple_occurrences& e) {
     throw ConfigError("config error: " + path + ": key '" + e.get_option_name() + "' given twice");
   } catch (const po::error& e) {
@@ -161,7 +189,8 @@ Config Config::fromFile(const std::string& path, const std::map<std::string, std
   }
   for (const auto& kv : vm) c.values_[kv.first] = trim(kv.second.as<std::string>());
   for (const auto& kv : overrides) {
-    if (!findKey(kv.first)) throw ConfigError("config error: --" + kv.first + ": unknown key '" + kv.first + "'");
+    if (!findKey(kv.first))
+      throw ConfigError("config error: --" + kv.first + ": unknown key '" + kv.first + "'" + suggestKey(kv.first));
     c.values_[kv.first] = trim(kv.second);
   }
   return c;
@@ -189,7 +218,8 @@ Config Config::fromArgs(const std::vector<std::string>& args) {
       throw ConfigError("config error: --" + body + " needs a value (--" + body + "=VALUE)");
     }
     if (body == "config") file = value;
-    else if (!findKey(body)) throw ConfigError("config error: --" + body + ": unknown key '" + body + "'");
+    else if (!findKey(body))
+      throw ConfigError("config error: --" + body + ": unknown key '" + body + "'" + suggestKey(body));
     else overrides[body] = value;
   }
   Config c;
@@ -289,8 +319,14 @@ std::string Config::toIni() const {
 
 std::string configHelp() {
   std::ostringstream os;
-  os << "usage: trainer [--config FILE.ini] [--section.key=value ...]\n"
-        "       trainer --help\n\nkeys (section.key = default: meaning):\n";
+  os << "usage: trainer [--config FILE.ini] [--section.key=value ...]   train (under mpirun/srun for several ranks)\n"
+        "       trainer --help          this text: every key with its default\n"
+        "       trainer --help-env      the MT_* environment variables\n"
+        "       trainer --devices       how many GPUs this build can use here\n"
+        "       trainer topo --help     read an NCCL topology file (GPUs, NICs, rails, fabric)\n"
+        "       trainer predict --help  the fabric cost model: step time and scaling per node count\n"
+        "       trainer export --help   a checkpoint's parameters as one HDF5 file\n"
+        "\nkeys (section.key = default: meaning):\n";
   for (const auto& k : configSchema()) os << "  " << k.key << " = " << k.defaultValue << "\n      " << k.help << "\n";
   return os.str();
 }

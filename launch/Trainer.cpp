@@ -381,6 +381,16 @@ void Trainer::resumeIfAny() {
   if (st.seed != s_.seed && world_->rank() == 0)
     MT_LOG_WARN << "checkpoint " << path << " was written with run.seed " << st.seed << ", this run uses " << s_.seed
                 << ": the data order will differ from the original run";
+  // A finished run is never "resumed" into negative work: past this config's end it is refused
+  // (the user asked for fewer steps than were done), at its end nothing is trained.
+  const std::string howTo = "; raise train.epochs or train.max_steps to extend it, or start afresh with "
+                            "--checkpoint.resume=never or another --run.name";
+  if (st.step > totalSteps_)
+    throw ConfigError("run directory " + runDir_ + " holds a run at step " + std::to_string(st.step) + " (" + path +
+                      "), past this configuration's " + std::to_string(totalSteps_) + " steps" + howTo);
+  if (st.step == totalSteps_ && world_->rank() == 0)
+    MT_LOG_INFO << "run directory " << runDir_ << " holds a finished run (" << totalSteps_ << " steps, " << path
+                << "): nothing to train, evaluating it" << howTo;
   startStep_ = st.step;
   loader_->seek(st.loaderSeq);
   if (scaler_ && st.lossScale > 0) scaler_->setState(st.lossScale, st.scalerClean);

@@ -59,6 +59,26 @@ int agreeOnSetup(int code, const std::string& message, int rank, int size) {
 
 }  // namespace
 
+const char* const kTopoUsage =
+    "usage: trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]\n"
+    "  the GPUs, NICs, PCI switches, NUMA nodes, rails and fabric of an NCCL topology file\n"
+    "  (NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE format); --json for a machine-readable form\n";
+const char* const kPredictUsage =
+    "usage: trainer predict --topo X.xml [--profile NAME|PATH] [--params N] [--grad-bytes B]\n"
+    "         [--compute-ms C] [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...]\n"
+    "         [--intra-gbs G] [--csv]\n"
+    "  the fabric cost model: all-reduce bandwidth, exposed communication, step time and scaling\n"
+    "  efficiency per node count for a model of N parameters (default 124e6, B = 2 bytes each)\n";
+const char* const kExportUsage =
+    "usage: trainer export --checkpoint DIR --out FILE.h5\n"
+    "  one HDF5 file with the consolidated parameters of a (sharded) checkpoint\n";
+
+bool wantsHelp(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
 // trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]
 int topoCommand(const std::vector<std::string>& args) {
   std::string file, fabric;
@@ -73,7 +93,7 @@ int topoCommand(const std::vector<std::string>& args) {
     if (a == "--json") json = true;
     else if (a.rfind("--file", 0) == 0) file = value("--file");
     else if (a.rfind("--fabric", 0) == 0) fabric = value("--fabric");
-    else throw mt::ConfigError("topo: unknown argument '" + a + "' (usage: trainer topo --file X.xml [--json])");
+    else throw mt::ConfigError("topo: unknown argument '" + a + "' (usage: trainer topo --file X.xml [--json]; --help)");
   }
   if (file.empty()) throw mt::ConfigError("topo: --file X.xml is required");
   mt::Topology t = mt::Topology::load(file);
@@ -115,7 +135,7 @@ int predictCommand(const std::vector<std::string>& args) {
     else if (a == "--nodes") nodesList = next();
     else if (a == "--intra-gbs") intraGBs = number();  // files without NVLink (Azure's) on NVSwitch machines
     else if (a == "--csv") csv = true;
-    else throw mt::ConfigError("predict: unknown argument '" + a + "'");
+    else throw mt::ConfigError("predict: unknown argument '" + a + "' (trainer predict --help for usage)");
   }
   if (topo.empty()) throw mt::ConfigError("predict: --topo X.xml is required");
   mt::Topology t = mt::Topology::load(topo);
@@ -172,6 +192,10 @@ int main(int argc, char** argv) {
   if (!args.empty() && (args[0] == "topo" || args[0] == "predict" || args[0] == "export")) {
     try {
       std::vector<std::string> rest(args.begin() + 1, args.end());
+      if (wantsHelp(rest)) {
+        std::fputs(args[0] == "topo" ? kTopoUsage : args[0] == "predict" ? kPredictUsage : kExportUsage, stdout);
+        return 0;
+      }
       if (args[0] == "export") return exportCommand(rest);
       return args[0] == "topo" ? topoCommand(rest) : predictCommand(rest);
     } catch (const mt::Error& e) {

@@ -8,6 +8,10 @@
 #   MT_PROFILE    NCCL environment profile (topo/profiles/*.env name or a path): --topo.profile
 #   MT_TOPO_FILE  NCCL topology XML of the nodes: --topo.file
 #   MT_REQUEUE    requeue the job when the trainer stopped on the preemption signal (default 1)
+#   (preemption: give --signal=B:USR1@T a lead time T above one step plus a checkpoint save; a
+#   SIGTERM that reaches mpirun itself starts Open MPI's kill sequence, which ends the ranks ~1 s
+#   later and no setting of it lets them finish a save; srun forwards TERM to the tasks and Slurm's
+#   KillWait is their grace)
 
 MT_REPO="${MT_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}"
 MT_TRAINER="${MT_TRAINER:-$MT_REPO/build/bin/trainer}"
@@ -30,16 +34,17 @@ mt_trainer_args() {
   MT_ARGS+=("$@")
 }
 
-# Runs the launcher command in the background, forwards SIGUSR1/SIGTERM to it (sbatch
-# --signal=B:USR1@T signals this shell only), waits, and requeues when the trainer left the
-# PREEMPTED marker. Returns the launcher's exit code.
+# Runs the launcher command in the background, forwards SIGUSR1/SIGTERM to it as SIGUSR1 (sbatch
+# --signal=B:USR1@T signals this shell only; USR1 is forwarded by mpirun and srun to every task
+# without starting their kill sequence, which TERM would), waits, and requeues when the trainer
+# left the PREEMPTED marker. Returns the launcher's exit code.
 mt_run() {
   mkdir -p "$MT_RUN_ROOT"
   mt_log "run directory $MT_RUN_DIR (restart ${SLURM_RESTART_COUNT:-0}); $*"
   "$@" &
   local pid=$! rc=0
   trap 'mt_log "SIGUSR1: asking the trainer to checkpoint and stop"; kill -USR1 $pid 2>/dev/null || true' USR1
-  trap 'mt_log "SIGTERM: asking the trainer to checkpoint and stop"; kill -TERM $pid 2>/dev/null || true' TERM
+  trap 'mt_log "SIGTERM: asking the trainer to checkpoint and stop (as SIGUSR1)"; kill -USR1 $pid 2>/dev/null || true' TERM
   while true; do
     set +e
     wait "$pid"

@@ -4,6 +4,8 @@ scripts/slurm/local_cluster):
  - train_mpirun.sbatch with 4 CPU tasks completes; the job's state, exit code and metrics are checked;
  - train_srun.sbatch (srun --mpi=pmix) with 2 tasks gets the preemption signal, checkpoints, requeues
    itself and resumes: its final result is bit-identical to an uninterrupted run;
+ - train_mpirun.sbatch whose batch script gets SIGTERM, with a 40M-parameter model, saves a complete
+   checkpoint and requeues;
  - srun without an MPI plugin is refused with exit code 2 and a message naming the fix.
 Skipped (77) when not root or without slurm-wlm (scripts/install_deps.sh --with-slurm installs it)."""
 import json
@@ -123,6 +125,34 @@ class Slurm(unittest.TestCase):
                 f"--run.dir={ref}"], timeout=900)
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
         self.assertEqual(re.findall(r"final test_accuracy=\S+ test_loss=\S+", p.stdout), final_slurm)
+
+    def test_mpirun_sigterm_saves_a_slow_checkpoint_and_requeues(self):
+        # A 40M-parameter MLP (a checkpoint of ~640 MB per save takes seconds here). SIGTERM to the
+        # batch script: passed to mpirun as TERM, Open MPI killed the ranks ~1 s later, leaving only
+        # step_*.tmp-* and no requeue; common.sh passes it on as USR1, which mpirun forwards.
+        big = ["--model.hidden=8192,4096", "--train.max_steps=100000", "--run.log_interval=1",
+               "--checkpoint.interval=0"]
+        jid, run_dir, out = self.submit("train_mpirun.sbatch", 2, big, "term")
+        wait_state(jid, {"RUNNING"}, 300)
+        metrics = os.path.join(run_dir, "metrics.jsonl")
+        t0 = time.time()
+        while time.time() - t0 < 300:
+            if os.path.exists(metrics) and any(json.loads(l)["type"] == "step" for l in open(metrics)):
+                break
+            time.sleep(0.5)
+        p = sh(["scancel", "--signal=TERM", "--batch", str(jid)])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        t0 = time.time()
+        while time.time() - t0 < 300 and "requeueing job" not in open(out).read():
+            time.sleep(1)
+        log = open(out).read()
+        sh(["scancel", str(jid)])
+        wait_state(jid, {"CANCELLED", "COMPLETED", "FAILED"}, 120)
+        self.assertIn("requeueing job", log, log[-3000:])
+        self.assertRegex(log, r"preempted at step \d+")
+        ckpts = os.listdir(os.path.join(run_dir, "checkpoints"))
+        self.assertTrue([c for c in ckpts if c.startswith("step_") and ".tmp" not in c], ckpts)
+        self.assertTrue(os.path.exists(os.path.join(run_dir, "PREEMPTED")) or "trainer stopped at step" in log)
 
     def test_srun_without_mpi_plugin_is_refused(self):
         p = sh(["srun", "--mpi=none", "-n", "2", *CPU_ONLY, TRAINER, "--config", os.path.join(SRC, ARGS[0]),

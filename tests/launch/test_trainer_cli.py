@@ -56,7 +56,28 @@ class BadInput(unittest.TestCase):
         self.expect_error(["--config", path], [path, "unknown key 'trian.epochs'"])
 
     def test_unknown_override(self):
-        self.expect_error(["--train.epoch=3"], ["--train.epoch", "unknown key"])
+        self.expect_error(["--train.epoch=3"], ["--train.epoch", "unknown key", "did you mean 'train.epochs'?"])
+        path = self.ini("[train]\nbatch_sise = 64\n")
+        self.expect_error(["--config", path], [path, "did you mean 'train.batch_size'?"])
+
+    def test_help_lists_subcommands_and_each_prints_usage(self):
+        code, out, err = run(["--help"])
+        self.assertEqual(code, 0, err)
+        for needle in ("--help-env", "--devices", "topo --help", "predict --help", "export --help"):
+            self.assertIn(needle, out)
+        for sub in ("topo", "predict", "export"):
+            code, out, err = run([sub, "--help"])
+            self.assertEqual(code, 0, err)
+            self.assertTrue(out.startswith(f"usage: trainer {sub}"), out)
+
+    def test_script_variables_are_not_unknown(self):
+        # MT_PROFILE & co. are read by scripts/slurm; only a real typo is reported.
+        code, out, err = run(["--train.max_steps=1", f"--data.path={FASHION}", f"--run.dir={self.dir}"],
+                             env={"MT_PROFILE": "ib-ndr", "MT_REQUEUE": "0", "MT_LOG_LEVL": "debug"})
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("unknown environment variable MT_PROFILE", out + err)
+        self.assertNotIn("MT_REQUEUE", out + err)
+        self.assertIn("unknown environment variable MT_LOG_LEVL", out + err)
 
     def test_bad_values(self):
         self.expect_error(["--train.batch_size=abc"], ["train.batch_size = 'abc'", "not an integer"])
@@ -176,6 +197,36 @@ class ShortRun(unittest.TestCase):
             code2, out2, _ = run(["--config", os.path.join(d, "short", "config.ini"), "--run.name=again"], np=2)
             self.assertEqual(code2, 0)
             self.assertEqual([l for l in out2.splitlines() if l.startswith("final ")], final)
+
+
+class Reruns(unittest.TestCase):
+    def test_rerun_extends_refuses_or_does_nothing_never_negative(self):
+        with tempfile.TemporaryDirectory() as d:
+            base = [f"--data.path={FASHION}", f"--run.dir={d}", "--run.name=r", "--run.log_interval=10",
+                    "--train.eval_batch_size=2000"]
+            code, out, err = run(base + ["--train.max_steps=20"])
+            self.assertEqual(code, 0, err)
+            # Fewer steps than were done: refused, naming the directory and the ways out.
+            code, out, err = run(base + ["--train.max_steps=10"])
+            self.assertEqual(code, 2, err)
+            self.assertIn(os.path.join(d, "r"), err)
+            self.assertIn("past this configuration's 10 steps", err)
+            self.assertIn("--checkpoint.resume=never", err)
+            self.assertNotIn("trained -", out + err)
+            # The same length: nothing trained, evaluated again.
+            code, out, err = run(base + ["--train.max_steps=20"])
+            self.assertEqual(code, 0, err)
+            self.assertIn("nothing to train", out + err)
+            self.assertIn("trained 0 steps", out + err)
+            self.assertEqual(len([l for l in out.splitlines() if l.startswith("final ")]), 1)
+            # Longer: continues from step 20.
+            code, out, err = run(base + ["--train.max_steps=30"])
+            self.assertEqual(code, 0, err)
+            self.assertIn("at step 20", out + err)
+            self.assertIn("trained 10 steps", out + err)
+            steps = [json.loads(l)["step"] for l in open(os.path.join(d, "r", "metrics.jsonl"))
+                     if json.loads(l)["type"] == "step"]
+            self.assertEqual(steps[-1], 30)
 
 
 class Docs(unittest.TestCase):
