@@ -147,6 +147,40 @@ __global__ void scaleKernelBf16(__nv_bfloat16* x, int64_t n, float f) {
   MT_GRID_STRIDE(i, n) { x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * f); }
 }
 
+// Multi-tensor forms of the two above: one partial per block over its chunk of one segment, and
+// the scaling of every segment's gradient in place.
+__global__ void sumSqMulti(SegTable t, double* part) {
+  __shared__ double red[256];
+  const int s = segmentOf(t, blockIdx.x);
+  const int64_t base = static_cast<int64_t>(blockIdx.x - t.blockStart[s]) * kChunk;
+  const int64_t end = min(t.n[s], base + kChunk);
+  double acc = 0.0;
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    const double v = gradAt(t, s, i);
+    acc += v * v;
+  }
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[blockIdx.x] = red[0];
+}
+__global__ void scaleMulti(SegTable t, float f) {
+  const int s = segmentOf(t, blockIdx.x);
+  const int64_t base = static_cast<int64_t>(blockIdx.x - t.blockStart[s]) * kChunk;
+  const int64_t end = min(t.n[s], base + kChunk);
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    if (t.gBf16[s]) {
+      __nv_bfloat16* g = static_cast<__nv_bfloat16*>(const_cast<void*>(t.g[s]));
+      g[i] = __float2bfloat16_rn(__bfloat162float(g[i]) * f);
+    } else {
+      static_cast<float*>(const_cast<void*>(t.g[s]))[i] *= f;
+    }
+  }
+}
+
 template <typename T>
 __global__ void nonFiniteKernel(const T* x, int64_t n, int* flag) {
   MT_GRID_STRIDE(i, n) {
@@ -193,6 +227,38 @@ double sumOfSquares(const Tensor& t) {
   CUDA_CHECK(cudaMemcpyAsync(&out, part.data<double>() + blocks, sizeof(double), cudaMemcpyDeviceToHost, currentStream()));
   CUDA_CHECK(cudaStreamSynchronize(currentStream()));
   return out;
+}
+
+double sumOfSquares(const std::vector<OptimSegment>& segs) {
+  int64_t blocks = 0;
+  for (const auto& sg : segs) blocks += (sg.grad.numel() + kChunk - 1) / kChunk;
+  if (blocks == 0) return 0.0;
+  // [blocks partials | one sum per launch table | the total]
+  const int64_t tables = (static_cast<int64_t>(segs.size()) + kMaxSegs - 1) / kMaxSegs;
+  Tensor part = Tensor::empty({blocks + tables + 1}, DType::kF64, segs[0].grad.device());
+  double* pp = part.data<double>();
+  const std::vector<int64_t> offsets(segs.size(), 0);
+  int64_t first = 0, table = 0;
+  forEachTable(segs, offsets, nullptr, nullptr, 0.f, [&](const SegTable& t, int tableBlocks) {
+    sumSqMulti<<<tableBlocks, 256, 0, currentStream()>>>(t, pp + first);
+    sumFinal<<<1, 256, 0, currentStream()>>>(pp + first, tableBlocks, pp + blocks + table);
+    first += tableBlocks;
+    ++table;
+  });
+  sumFinal<<<1, 256, 0, currentStream()>>>(pp + blocks, table, pp + blocks + tables);
+  checkLaunch();
+  double out = 0.0;  // the one host synchronisation of the whole sum
+  CUDA_CHECK(cudaMemcpyAsync(&out, pp + blocks + tables, sizeof(double), cudaMemcpyDeviceToHost, currentStream()));
+  CUDA_CHECK(cudaStreamSynchronize(currentStream()));
+  return out;
+}
+
+void scaleGrads(const std::vector<OptimSegment>& segs, float factor) {
+  const std::vector<int64_t> offsets(segs.size(), 0);
+  forEachTable(segs, offsets, nullptr, nullptr, 0.f, [&](const SegTable& t, int blocks) {
+    scaleMulti<<<blocks, 256, 0, currentStream()>>>(t, factor);
+    checkLaunch();
+  });
 }
 
 void scaleInPlace(const Tensor& t, float factor) {

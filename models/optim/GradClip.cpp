@@ -10,7 +10,22 @@
 
 namespace mt {
 
+#ifdef MT_WITH_CUDA
+namespace {
+// Every segment on the GPU: the multi-tensor kernels take them all at once.
+bool allCuda(const std::vector<OptimSegment>& segments) {
+  if (segments.empty()) return false;
+  for (const auto& s : segments)
+    if (!s.grad.device().isCuda() || !s.value.device().isCuda()) return false;
+  return true;
+}
+}  // namespace
+#endif
+
 double sumOfSquares(const std::vector<OptimSegment>& segments) {
+#ifdef MT_WITH_CUDA
+  if (allCuda(segments)) return cuda::sumOfSquares(segments);
+#endif
   double total = 0.0;
   for (const auto& s : segments) {
 #ifdef MT_WITH_CUDA
@@ -42,6 +57,9 @@ double sumOfSquares(const std::vector<OptimSegment>& segments) {
 }
 
 void scaleGrads(const std::vector<OptimSegment>& segments, float factor) {
+#ifdef MT_WITH_CUDA
+  if (allCuda(segments)) return cuda::scaleGrads(segments, factor);
+#endif
   for (const auto& s : segments) {
 #ifdef MT_WITH_CUDA
     if (s.grad.device().isCuda()) {

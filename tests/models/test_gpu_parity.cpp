@@ -344,6 +344,7 @@ TEST(GpuParity, OptimizersAndGradUtilities) {
     EXPECT_NEAR(sumOfSquares(dev), sumOfSquares(cpu), 1e-9 * sumOfSquares(cpu));
     EXPECT_NEAR(clipGradNorm(dev, 1.f), clipGradNorm(cpu, 1.f), 1e-6);
     EXPECT_LT(relErr(dev[7].grad, cpu[7].grad), 1e-6);
+    EXPECT_LT(relErr(dev[55].grad, cpu[55].grad), 1e-6);  // in the second launch table
   }
 }
 
