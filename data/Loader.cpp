@@ -22,22 +22,11 @@ Loader::~Loader() { stopWorkers(); }
 
 LoaderPosition Loader::positionOf(int64_t seq) const { return {seq / batchesPerEpoch_, seq % batchesPerEpoch_}; }
 
-std::shared_ptr<const std::vector<int64_t>> Loader::epochIndices(int64_t epoch) {
-  std::lock_guard<std::mutex> lock(epochMutex_);
-  auto it = epochs_.find(epoch);
-  if (it != epochs_.end()) return it->second;
-  auto v = std::make_shared<const std::vector<int64_t>>(sampler_.indices(epoch));
-  epochs_[epoch] = v;
-  while (epochs_.size() > 3) epochs_.erase(epochs_.begin());  // workers are at most one epoch ahead
-  return v;
-}
-
 std::vector<int64_t> Loader::batchIndices(int64_t seq) {
   LoaderPosition p = positionOf(seq);
-  auto all = epochIndices(p.epoch);
   const int64_t lo = p.batchInEpoch * opt_.batchSize;
-  const int64_t hi = std::min<int64_t>(lo + opt_.batchSize, static_cast<int64_t>(all->size()));
-  return std::vector<int64_t>(all->begin() + lo, all->begin() + hi);
+  const int64_t hi = std::min<int64_t>(lo + opt_.batchSize, sampler_.samplesPerRank());
+  return sampler_.indices(p.epoch, lo, hi);
 }
 
 Batch Loader::build(int64_t seq, ChunkCache* cache) {

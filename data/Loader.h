@@ -77,7 +77,6 @@ class Loader {
   void stopWorkers();
   void workerLoop(int worker);
   Batch build(int64_t seq, ChunkCache* cache);
-  std::shared_ptr<const std::vector<int64_t>> epochIndices(int64_t epoch);
 
   const BatchSource& source_;
   LoaderOptions opt_;
@@ -95,8 +94,6 @@ class Loader {
   std::vector<std::thread> workers_;
   ChunkCache inlineCache_;
 
-  std::mutex epochMutex_;
-  std::map<int64_t, std::shared_ptr<const std::vector<int64_t>>> epochs_;
   double lastWait_ = 0.0;
 };
 

@@ -26,25 +26,50 @@ DistributedSampler::DistributedSampler(int64_t datasetSize, int rank, int worldS
   else perRank_ = (n_ + world_ - 1) / world_;
 }
 
-std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
-  std::vector<int64_t> all;
-  if (shuffle_) {
-    all = epochPermutation(n_, seed_, epoch);
-  } else {
-    all.resize(static_cast<size_t>(n_));
-    std::iota(all.begin(), all.end(), int64_t{0});
-  }
-  const int64_t total = perRank_ * world_;
-  if (total > n_) {  // pad by wrapping around (several times for tiny datasets)
-    const int64_t pad = total - n_;
-    for (int64_t i = 0; i < pad; ++i) all.push_back(all[static_cast<size_t>(i % n_)]);
-  } else {
-    all.resize(static_cast<size_t>(total));
-  }
-  std::vector<int64_t> mine;
-  mine.reserve(static_cast<size_t>(perRank_));
-  for (int64_t i = rank_; i < total; i += world_) mine.push_back(all[static_cast<size_t>(i)]);
-  return mine;
+int64_t feistelPermute(int64_t i, int64_t n, uint64_t seed, int64_t epoch) {
+  int bits = 2;
+  while ((int64_t{1} << bits) < n) bits += 2;
+  const int half = bits / 2;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  const uint64_t key = seed ^ 0x9E3779B97F4A7C15ull;
+  uint64_t x = static_cast<uint64_t>(i);
+  do {  // cycle-walking: at most a few rounds, the domain is < 4n
+    uint64_t l = x >> half, r = x & mask;
+    for (uint64_t round = 0; round < 6; ++round) {
+      const Philox4 f = philox4x32(key, (static_cast<uint64_t>(epoch) << 8) | round, r);
+      const uint64_t nl = r;
+      r = (l ^ ((static_cast<uint64_t>(f.v[0]) | (static_cast<uint64_t>(f.v[1]) << 32)) & mask)) & mask;
+      l = nl;
+    }
+    x = (l << half) | r;
+  } while (x >= static_cast<uint64_t>(n));
+  return static_cast<int64_t>(x);
 }
+
+int64_t DistributedSampler::sampleAt(int64_t epoch, int64_t position, const std::vector<int64_t>* perm) const {
+  const int64_t pos = position < n_ ? position : (position - n_) % n_;  // padding wraps around
+  if (!shuffle_) return pos;
+  return perm ? (*perm)[static_cast<size_t>(pos)] : feistelPermute(pos, n_, seed_, epoch);
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch, int64_t lo, int64_t hi) const {
+  MT_CHECK(lo >= 0 && lo <= hi && hi <= perRank_, "sampler range [", lo, ", ", hi, ") of ", perRank_);
+  std::shared_ptr<const std::vector<int64_t>> perm;
+  if (shuffle_ && n_ <= kMaterializeMax) {
+    std::lock_guard<std::mutex> lock(permMutex_);
+    auto it = perms_.find(epoch);
+    if (it == perms_.end()) {
+      it = perms_.emplace(epoch, std::make_shared<const std::vector<int64_t>>(epochPermutation(n_, seed_, epoch))).first;
+      while (perms_.size() > 3) perms_.erase(perms_.begin());
+    }
+    perm = it->second;
+  }
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(hi - lo));
+  for (int64_t i = lo; i < hi; ++i) out.push_back(sampleAt(epoch, rank_ + i * world_, perm.get()));
+  return out;
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const { return indices(epoch, 0, perRank_); }
 
 }  // namespace mt

@@ -14,6 +14,7 @@
 
 #include "comm/Compression.h"
 #include "comm/MpiCommunicator.h"
+#include "core/Allocator.h"
 #include "core/EnvParams.h"
 #include "core/Log.h"
 #include "core/Threads.h"
@@ -331,7 +332,22 @@ void Trainer::setupModel() {
                                            " image to nothing");
   }
   if (!tokens()) model_ = buildImageModel(mc, in);
-  model_->params().materialize(device_);
+  // A model too large for the machine is a configuration error (exit 2, saying what it needs),
+  // not an allocation failure deep inside setup.
+  const int64_t numParams = model_->params().numel();
+  const std::string sizeKey = tokens() ? "model.gpt_preset" : "model.hidden";
+  const std::string needs = std::to_string(numParams) + " parameters need " + formatBytes(numParams * 4) +
+                            " (" + formatBytes(numParams * 16) + " with gradients and AdamW state)";
+  if (device_.isCpu()) {
+    const int64_t phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+    if (phys > 0 && numParams * 4 > phys)
+      cfg_.fail(sizeKey, "the model's " + needs + ", more than this machine's " + formatBytes(phys) + " of memory");
+  }
+  try {
+    model_->params().materialize(device_);
+  } catch (const OutOfMemoryError& e) {
+    cfg_.fail(sizeKey, "the model's " + needs + ": " + e.what());
+  }
   model_->initParams(s_.seed);
   if (s_.sharding.strategy != ShardStrategy::kNoShard) {
     Communicator* shardComm = world_.get();

@@ -56,6 +56,46 @@ TEST(Sampler, PadOrDropLast) {
   EXPECT_EQ(tiny.indices(0), (std::vector<int64_t>{0}));
 }
 
+TEST(Sampler, FeistelIsAKeyedBijection) {
+  for (int64_t n : {1, 2, 3, 17, 1000, 4097, 65536}) {
+    std::vector<int64_t> seen;
+    for (int64_t i = 0; i < n; ++i) seen.push_back(feistelPermute(i, n, 11, 2));
+    std::vector<int64_t> sorted = seen;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(sorted[static_cast<size_t>(i)], i) << n;  // a permutation
+    if (n >= 1000) {
+      int64_t fixed = 0, other = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        fixed += seen[static_cast<size_t>(i)] == i;
+        other += feistelPermute(i, n, 11, 3) != seen[static_cast<size_t>(i)];
+      }
+      EXPECT_LT(fixed, n / 50) << n;   // shuffled, not the identity
+      EXPECT_GT(other, n * 9 / 10) << n;  // another epoch, another order
+    }
+  }
+}
+
+TEST(Sampler, HugeDatasetsNeedNoPerSampleMemory) {
+  // A billion samples on 8 ranks: a batch's indices come out without the epoch being built, and
+  // the ranks' batches at one position are disjoint.
+  const int64_t n = 1000000000;
+  std::set<int64_t> batch;
+  for (int r = 0; r < 8; ++r) {
+    DistributedSampler s(n, r, 8, true, 5, true);
+    EXPECT_EQ(s.samplesPerRank(), n / 8);
+    for (int64_t i : s.indices(0, 1000, 1064)) {
+      EXPECT_GE(i, 0);
+      EXPECT_LT(i, n);
+      batch.insert(i);
+    }
+  }
+  EXPECT_EQ(batch.size(), 8u * 64u);
+  // Ranges agree with the whole epoch where that is small enough to build.
+  DistributedSampler small(5000, 1, 3, true, 9, false);
+  auto all = small.indices(4);
+  EXPECT_EQ(small.indices(4, 100, 200), std::vector<int64_t>(all.begin() + 100, all.begin() + 200));
+}
+
 TEST(Sampler, LocalBatchesUnionToTheGlobalBatch) {
   // Rank r's local batch k over W ranks holds exactly the samples of global batch k of one rank
   // with batch W*b: the property that makes -np W match -np 1.

@@ -70,6 +70,10 @@ class BadInput(unittest.TestCase):
             self.assertEqual(code, 0, err)
             self.assertTrue(out.startswith(f"usage: trainer {sub}"), out)
 
+    def test_model_too_large_for_the_machine_exits_2(self):
+        self.expect_error([f"--data.path={FASHION}", "--model.hidden=999999999"],
+                          ["model.hidden", "parameters need", "more than this machine's"])
+
     def test_script_variables_are_not_unknown(self):
         # MT_PROFILE & co. are read by scripts/slurm; only a real typo is reported.
         code, out, err = run(["--train.max_steps=1", f"--data.path={FASHION}", f"--run.dir={self.dir}"],
