@@ -192,6 +192,7 @@ Config Config::fromFile(const std::string& path, const std::map<std::string, std
     if (!findKey(kv.first))
       throw ConfigError("config error: --" + kv.first + ": unknown key '" + kv.first + "'" + suggestKey(kv.first));
     c.values_[kv.first] = trim(kv.second);
+    c.overridden_.insert(kv.first);
   }
   return c;
 }
@@ -225,7 +226,10 @@ Config Config::fromArgs(const std::vector<std::string>& args) {
   Config c;
   if (file.empty()) {
     c = defaults();
-    for (const auto& kv : overrides) c.values_[kv.first] = trim(kv.second);
+    for (const auto& kv : overrides) {
+      c.values_[kv.first] = trim(kv.second);
+      c.overridden_.insert(kv.first);
+    }
   } else {
     c = fromFile(file, overrides);
   }
@@ -235,8 +239,9 @@ Config Config::fromArgs(const std::vector<std::string>& args) {
 
 void Config::fail(const std::string& key, const std::string& why) const {
   auto it = values_.find(key);
-  throw ConfigError("config error: " + source_ + ": " + key + " = '" + (it == values_.end() ? "" : it->second) +
-                    "': " + why);
+  const std::string value = it == values_.end() ? "" : it->second;
+  if (overridden_.count(key)) throw ConfigError("config error: --" + key + "=" + value + ": " + why);
+  throw ConfigError("config error: " + source_ + ": " + key + " = '" + value + "': " + why);
 }
 
 std::string Config::str(const std::string& key) const {

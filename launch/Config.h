@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,7 @@ class Config {
  private:
   std::map<std::string, std::string> values_;
   std::string source_ = "defaults";
+  std::set<std::string> overridden_;  // keys given on the command line (named as such in errors)
   bool help_ = false;
 };
 

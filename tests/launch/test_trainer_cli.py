@@ -74,6 +74,12 @@ class BadInput(unittest.TestCase):
         self.expect_error([f"--data.path={FASHION}", "--model.hidden=999999999"],
                           ["model.hidden", "parameters need", "more than this machine's"])
 
+    def test_bad_override_is_named_as_the_override(self):
+        path = self.ini("[train]\nepochs = 1\n")
+        line = self.expect_error(["--config", path, "--train.epochs=abc"], ["--train.epochs=abc", "not an integer"])
+        self.assertNotIn(path, line)
+        self.expect_error(["--config", self.ini("[train]\nepochs = abc\n")], ["run.ini", "train.epochs = 'abc'"])
+
     def test_script_variables_are_not_unknown(self):
         # MT_PROFILE & co. are read by scripts/slurm; only a real typo is reported.
         code, out, err = run(["--train.max_steps=1", f"--data.path={FASHION}", f"--run.dir={self.dir}"],
@@ -84,9 +90,9 @@ class BadInput(unittest.TestCase):
         self.assertIn("unknown environment variable MT_LOG_LEVL", out + err)
 
     def test_bad_values(self):
-        self.expect_error(["--train.batch_size=abc"], ["train.batch_size = 'abc'", "not an integer"])
-        self.expect_error(["--optim.lr=-1"], ["optim.lr = '-1'", "must be positive"])
-        self.expect_error(["--model.type=resnet"], ["model.type = 'resnet'", "expected one of mlp, cnn, gpt"])
+        self.expect_error(["--train.batch_size=abc"], ["--train.batch_size=abc", "not an integer"])
+        self.expect_error(["--optim.lr=-1"], ["--optim.lr=-1", "must be positive"])
+        self.expect_error(["--model.type=resnet"], ["--model.type=resnet", "expected one of mlp, cnn, gpt"])
         self.expect_error(["--data.shuffle=maybe"], ["data.shuffle", "not a boolean"])
         path = self.ini("[model]\nhidden = 256,x\n")
         self.expect_error(["--config", path], [path, "model.hidden = '256,x'"])
@@ -110,8 +116,8 @@ class BadInput(unittest.TestCase):
 
     def test_hostile_values_exit_2(self):
         # Non-finite numbers trained to NaN and exited 0; a huge timeout overflowed the deadline.
-        for args, needles in [(["--optim.lr=inf"], ["optim.lr = 'inf'", "finite"]),
-                              (["--optim.weight_decay=nan"], ["optim.weight_decay = 'nan'", "finite"]),
+        for args, needles in [(["--optim.lr=inf"], ["--optim.lr=inf", "finite"]),
+                              (["--optim.weight_decay=nan"], ["--optim.weight_decay=nan", "finite"]),
                               (["--model.input_mean=nan"], ["model.input_mean", "finite"]),
                               (["--model.input_std=inf"], ["model.input_std", "finite"]),
                               (["--dist.timeout_s=10000000000"], ["dist.timeout_s", "604800"])]:
