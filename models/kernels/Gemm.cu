@@ -30,7 +30,6 @@
 #include "models/kernels/Convert.cuh"
 #include "models/kernels/CudaGemm.h"
 #include "models/kernels/CudaLayers.h"
-#include "models/kernels/KernelUtil.cuh"
 
 namespace mt::cuda {
 

@@ -108,6 +108,16 @@ void forEachTable(const std::vector<OptimSegment>& segs, const std::vector<int64
 __device__ inline float asFloat(float v) { return v; }
 __device__ inline float asFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// red[0] = the sum of v over the block (256 threads), by a fixed tree: deterministic.
+__device__ inline void blockSumInto(double v, double* red) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
+    __syncthreads();
+  }
+}
+
 template <typename T>
 __global__ void sumSqPartial(const T* x, int64_t n, double* part) {
   __shared__ double red[256];
@@ -118,12 +128,7 @@ __global__ void sumSqPartial(const T* x, int64_t n, double* part) {
     const double v = asFloat(x[i]);
     acc += v * v;
   }
-  red[threadIdx.x] = acc;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-    __syncthreads();
-  }
+  blockSumInto(acc, red);
   if (threadIdx.x == 0) part[blockIdx.x] = red[0];
 }
 
@@ -131,12 +136,7 @@ __global__ void sumFinal(const double* part, int64_t n, double* out) {
   __shared__ double red[256];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
-  red[threadIdx.x] = acc;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-    __syncthreads();
-  }
+  blockSumInto(acc, red);
   if (threadIdx.x == 0) *out = red[0];
 }
 
@@ -159,12 +159,7 @@ __global__ void sumSqMulti(SegTable t, double* part) {
     const double v = gradAt(t, s, i);
     acc += v * v;
   }
-  red[threadIdx.x] = acc;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-    __syncthreads();
-  }
+  blockSumInto(acc, red);
   if (threadIdx.x == 0) part[blockIdx.x] = red[0];
 }
 __global__ void scaleMulti(SegTable t, float f) {

@@ -31,6 +31,26 @@ __device__ __forceinline__ RowStat mergeStat(RowStat x, RowStat y) {
   return r;
 }
 
+// The block's merged statistic, in every thread: a warp shuffle tree, then one over the warps'
+// results through red[32] (one __syncthreads).
+__device__ __forceinline__ RowStat blockMergeStat(RowStat st, RowStat* red) {
+  for (int o = 16; o > 0; o >>= 1) {
+    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
+                  __shfl_xor_sync(0xffffffffu, st.a, o)};
+    st = mergeStat(st, other);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) red[warp] = st;
+  __syncthreads();
+  st = lane < warps ? red[lane] : RowStat{-INFINITY, 0.f, INT_MAX};
+  for (int o = 16; o > 0; o >>= 1) {
+    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
+                  __shfl_xor_sync(0xffffffffu, st.a, o)};
+    st = mergeStat(st, other);
+  }
+  return st;
+}
+
 // One block per row, two passes: an online max / sum-exp / argmax, then the gradient written in
 // place (dz may alias z). TZ: f32 or bf16/f16 logits (the classifier GEMM writes them in the
 // matmul dtype; the math is f32); V elements per 16-byte load.
@@ -67,20 +87,7 @@ __global__ void ceRows(const TZ* z, const TT* targets, TZ* dz, double* rowLoss, 
       }
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
-                  __shfl_xor_sync(0xffffffffu, st.a, o)};
-    st = mergeStat(st, other);
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  if (lane == 0) red[warp] = st;
-  __syncthreads();
-  st = lane < warps ? red[lane] : RowStat{-INFINITY, 0.f, INT_MAX};
-  for (int o = 16; o > 0; o >>= 1) {
-    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
-                  __shfl_xor_sync(0xffffffffu, st.a, o)};
-    st = mergeStat(st, other);
-  }
+  st = blockMergeStat(st, red);
   const float lse = st.m + logf(st.s);
   if (dz) {
     TZ* dr = dz + r * stride;
@@ -156,20 +163,7 @@ __global__ void __launch_bounds__(1024) ceRowsSmem(const TZ* z, const TT* target
     consume(u1, k + blockDim.x);
   }
   if (k < loads) consume(reinterpret_cast<const uint4*>(zr)[k], k);
-  for (int o = 16; o > 0; o >>= 1) {
-    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
-                  __shfl_xor_sync(0xffffffffu, st.a, o)};
-    st = mergeStat(st, other);
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  if (lane == 0) red[warp] = st;
-  __syncthreads();  // also orders thread 0's read of z[t], and every rowBuf write, before what follows
-  st = lane < warps ? red[lane] : RowStat{-INFINITY, 0.f, INT_MAX};
-  for (int o = 16; o > 0; o >>= 1) {
-    RowStat other{__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
-                  __shfl_xor_sync(0xffffffffu, st.a, o)};
-    st = mergeStat(st, other);
-  }
+  st = blockMergeStat(st, red);  // its barrier also orders thread 0's read of z[t] and every rowBuf write
   const float lse = st.m + logf(st.s);
   if (dz) {
     uint4* dr = reinterpret_cast<uint4*>(dz + r * static_cast<int64_t>(stride));

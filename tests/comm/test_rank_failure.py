@@ -51,6 +51,22 @@ def gone(pid, seconds=10):
     return False
 
 
+def stop_rank_and_wait(d, name, proc, rank):
+    """SIGSTOP the rank, wait for the job to end (90 s at most), then kill the stopped rank.
+    Returns the job's output and the seconds from the stop to the end."""
+    victim = pid_of(d, name, rank)
+    t0 = time.time()
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return out, time.time() - t0
+
+
 class RankFailure(unittest.TestCase):
     def test_kill_9(self):
         with tempfile.TemporaryDirectory() as d:
@@ -76,17 +92,7 @@ class RankFailure(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             proc = start(d, "hang", timeout_s=5)
             wait_for_training(d, "hang", proc)
-            victim = pid_of(d, "hang", 1)
-            t0 = time.time()
-            os.kill(victim, signal.SIGSTOP)
-            try:
-                out, _ = proc.communicate(timeout=90)
-            finally:
-                try:
-                    os.kill(victim, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            elapsed = time.time() - t0
+            out, elapsed = stop_rank_and_wait(d, "hang", proc, 1)
             print(out[-2500:])
             print(f"job ended {elapsed:.1f} s after SIGSTOP of rank 1 (timeout 5 s)")
             self.assertNotEqual(proc.returncode, 0)
@@ -103,17 +109,7 @@ class StoppedRank(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             proc = start(d, "stop", timeout_s=120, env={"MT_HEARTBEAT_TIMEOUT_S": "4"})
             wait_for_training(d, "stop", proc)
-            victim = pid_of(d, "stop", 1)
-            t0 = time.time()
-            os.kill(victim, signal.SIGSTOP)
-            try:
-                out, _ = proc.communicate(timeout=90)
-            finally:
-                try:
-                    os.kill(victim, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            elapsed = time.time() - t0
+            out, elapsed = stop_rank_and_wait(d, "stop", proc, 1)
             print(out[-2500:])
             print(f"job ended {elapsed:.1f} s after SIGSTOP of rank 1 (heartbeat timeout 4 s, collective 120 s)")
             self.assertNotEqual(proc.returncode, 0)
