@@ -29,8 +29,10 @@ const std::vector<EnvParamInfo>& envParamTable() {
        "seconds without a heartbeat after which the health monitor reports a rank as stopped (SIGSTOP, hung "
        "node), 0..86400; 0 = no heartbeat check", 0, 86400},
       {EnvParam::kGemmEpilogues, "MT_GEMM_EPILOGUES", "1",
-       "1 = on the GPU in bf16/f16, the GPT MLP's GELU and its derivative run in cuBLASLt GEMM epilogues "
-       "(GELU_AUX_BIAS, DGELU); 0 = separate kernels (same math)", 0, 1},
+       "on the GPU in bf16/f16: 1 = the GPT MLP's GELU and its derivative run in cuBLASLt GEMM epilogues "
+       "(GELU_AUX_BIAS, DGELU), the fc bias gradient in a column-sum kernel; 2 = that bias gradient in the "
+       "DGELU GEMM too (DGELU_BGRAD; 8 ms slower per GPT-2 step on the H200's cuBLAS 13); 0 = separate "
+       "kernels for all three (same math)", 0, 2},
   };
   return kTable;
 }

@@ -21,6 +21,7 @@
 #include "core/Timer.h"
 #include "launch/Failure.h"
 #include "models/ModelConfig.h"
+#include "models/layers/SoftmaxCrossEntropy.h"
 #include "models/optim/GradClip.h"
 
 #ifdef MT_WITH_CUDA
@@ -213,6 +214,8 @@ Batch Trainer::toDevice(const Batch& b) const {
   d.inputs = b.inputs.to(device_);
   d.targets = b.targets.to(device_);
   d.sampleIds = b.sampleIds;
+  // Counted on the host copy: the model need not read the targets back (a host sync) for it.
+  d.validTargets = b.validTargets >= 0 ? b.validTargets : countValidTargets(b.targets);
   return d;
 }
 
@@ -260,9 +263,16 @@ void Trainer::setupData() {
   if (tokens()) {
     trainTokens_ = std::make_unique<TokenDataset>(*file_, s_.trainSplit, s_.gpt.maxT, world_->size());
     testTokens_ = std::make_unique<TokenDataset>(*file_, s_.testSplit, s_.gpt.maxT, world_->size());
+    if (world_->rank() == 0)
+      MT_LOG_INFO << "data " << s_.dataPath << ": " << trainTokens_->numTokens() << " train tokens ("
+                  << trainTokens_->size() << " windows of " << s_.gpt.maxT << "), " << testTokens_->numTokens()
+                  << " test tokens, vocabulary " << trainTokens_->vocabSize()
+                  << (s_.dataMode == "memory" ? "; loading both splits into memory" : "; read from the file");
     if (s_.dataMode == "memory") {
+      Stopwatch load;
       trainTokens_->loadIntoMemory();
       testTokens_->loadIntoMemory();
+      if (world_->rank() == 0) MT_LOG_INFO << "data in memory after " << load.elapsed() << " s";
     }
     trainSource_ = std::make_unique<TokenSource>(*trainTokens_);
   } else {
@@ -281,9 +291,18 @@ void Trainer::setupData() {
       throw DataError("data file " + s_.dataPath + ": split " + s_.testSplit + " has labels up to " +
                       std::to_string(b.numClasses - 1) + ", split " + s_.trainSplit + " only " +
                       std::to_string(a.numClasses) + " classes");
+    if (world_->rank() == 0) {
+      const int64_t bytes = (train_->size() + test_->size()) * static_cast<int64_t>(train_->imageBytes());
+      MT_LOG_INFO << "data " << s_.dataPath << ": " << train_->size() << " train and " << test_->size() << " test "
+                  << a.height << "x" << a.width << "x" << a.channels << " images, " << a.numClasses << " classes"
+                  << (s_.dataMode == "memory" ? "; loading " + formatBytes(bytes) + " into memory"
+                                              : std::string("; read from the file"));
+    }
     if (s_.dataMode == "memory") {
+      Stopwatch load;
       train_->loadIntoMemory();
       test_->loadIntoMemory();
+      if (world_->rank() == 0) MT_LOG_INFO << "data in memory after " << load.elapsed() << " s";
     }
     trainSource_ = std::make_unique<ImageSource>(*train_);
   }
@@ -312,6 +331,11 @@ void Trainer::setupData() {
 
 void Trainer::setupModel() {
   const ModelConfig& mc = s_.model;
+  if (world_->rank() == 0)
+    MT_LOG_INFO << "building the " << (tokens() ? std::string("gpt") : mc.type) << " model on " << device_.str()
+                << (tokens() ? " (" + std::to_string(s_.gpt.layers) + " blocks x " + std::to_string(s_.gpt.channels) +
+                                   " channels)"
+                             : std::string());
   if (tokens()) {
     GptConfig g = s_.gpt;
     if (g.vocab == 0) g.vocab = trainTokens_->vocabSize();
@@ -437,6 +461,7 @@ LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
   ctx.step = step;
   ctx.sampleIds = batch.sampleIds.empty() ? nullptr : &batch.sampleIds;
   ctx.lossScale = scaler_ ? scaler_->scale() : 1.f;
+  ctx.keepWeightCasts = !engine_;  // sharding frees gathered weights between forward and backward
   model_->params().zeroGrads();
   if (engine_) engine_->beginStep();
   Batch onDevice = toDevice(batch);
@@ -662,6 +687,12 @@ void Trainer::logStep(int64_t step, const LossStats& local, double intervalSecon
     j["tokens_per_s"] = tps;
     j["mfu"] = mfu;
   }
+  {  // this rank's device memory (rank 0 writes the record): the curve the plots draw
+    const AllocatorStats as = allocatorFor(device_).stats();
+    j["allocated_bytes"] = as.allocatedBytes;
+    j["reserved_bytes"] = as.reservedBytes;
+    j["allocator_peak_bytes"] = as.peakAllocatedBytes;
+  }
   j["compute_s_per_rank"] = std::vector<double>(ct, ct + W);
   j["straggler_rank"] = slowest;
   j["straggler_spread"] = spread;
@@ -685,8 +716,15 @@ int Trainer::run() {
   for (; step < totalSteps_; ++step) {
     Batch batch = feed_ ? feed_->next() : loader_->next();
     intervalWait += feed_ ? feed_->lastWaitSeconds() : loader_->lastWaitSeconds();
+    const bool first = step == startStep_;
+    if (first && world_->rank() == 0)
+      MT_LOG_INFO << "step " << step + 1 << " of " << totalSteps_ << " (the first also makes the allocations and kernel plans)";
+    Stopwatch firstStep;
     LossStats stats = trainStep(batch, step);
-    if (step == startStep_) logMemory(step + 1);
+    if (first) {
+      if (world_->rank() == 0) MT_LOG_INFO << "first step done in " << firstStep.elapsed() << " s";
+      logMemory(step + 1);
+    }
     ++intervalSteps;
     const bool logNow = (step + 1) % s_.logInterval == 0 || step + 1 == totalSteps_;
     if (logNow) {

@@ -20,6 +20,8 @@ struct Batch {
   // Dataset index of each row (host): per-sample randomness (dropout) keyed by it is the same
   // whichever rank, world size or batch position the sample lands in.
   std::vector<int64_t> sampleIds;
+  // Targets that are not the ignore index, when known (-1: the model counts them).
+  int64_t validTargets = -1;
   int64_t size() const { return inputs.defined() ? inputs.dim(0) : 0; }
 };
 
@@ -30,6 +32,10 @@ class ModelHooks {
   virtual void afterUnitForward(int unit) {}
   virtual void beforeUnitBackward(int unit) {}
   virtual void afterUnitBackward(int unit) {}
+  // Whether Param::grad, zeroed before forward, is the buffer backward accumulates into (true for
+  // data parallel); false where the hooks hand out gradient buffers during backward (sharding).
+  // A model may add gradients during forward only where this holds.
+  virtual bool gradsKeptAcrossForward() const { return true; }
   // Called once per parameter per backward, right after its gradient is final for this backward.
   virtual void gradReady(Param& p) {}
 };

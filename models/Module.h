@@ -23,6 +23,9 @@ struct Context {
   // Dataset index of each row of the batch (host, may be null): dropout masks are a function of
   // (seed, step, layer, sample index, feature), so any world size gives the same losses.
   const std::vector<int64_t>* sampleIds = nullptr;
+  // Layers keep their weights' reduced-precision casts from forward to backward (one cast per
+  // step); off under sharding, which frees the gathered weights in between.
+  bool keepWeightCasts = true;
 };
 
 class Module {

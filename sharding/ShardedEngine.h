@@ -67,6 +67,8 @@ class ShardedEngine final : public ModelHooks {
   void afterUnitForward(int unit) override;
   void beforeUnitBackward(int unit) override;
   void afterUnitBackward(int unit) override;
+  // Gradient buffers are handed out unit by unit in backward (beforeUnitBackward).
+  bool gradsKeptAcrossForward() const override { return false; }
 
   // Before a training step's forward: statistics reset, nothing gathered.
   void beginStep();

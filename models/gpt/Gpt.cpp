@@ -104,9 +104,11 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.channels, N = B * T;
   MT_REQUIRE(T <= cfg_.maxT, ConfigError, "gpt: sequence length ", T, " exceeds model.max_seq_len ", cfg_.maxT);
   const Device dev = tokens.device();
-  const int64_t valid = validForMean >= 0 ? validForMean
-                                          : countValidTargets(batch.targets.device().isCpu() ? batch.targets
-                                                                                             : batch.targets.to(Device::cpu()));
+  const int64_t valid = validForMean >= 0         ? validForMean
+                        : batch.validTargets >= 0 ? batch.validTargets
+                                                  : countValidTargets(batch.targets.device().isCpu()
+                                                                          ? batch.targets
+                                                                          : batch.targets.to(Device::cpu()));
   // Activations between a layer and the GEMM that reads it (LayerNorm, qkv, attention and fc
   // outputs, GELU) take the matmul dtype on the GPU in reduced precision; the residual stream and
   // every gradient stay f32.
@@ -145,57 +147,60 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   Tensor xf = lnf_->forward(x, ctx).view({N, C});
   hookAfter(static_cast<int>(blocks_.size()) + 1, false);
 
-  // Classifier + loss, chunk by chunk: the GEMM writes each chunk of logits straight into the
-  // gradient buffer (in the matmul dtype on the GPU in reduced precision), and the fused
-  // softmax-cross-entropy turns it into the gradient in place; f32 logits never exist there.
-  if (ctx.training) dlogits_ = Tensor::empty({N, cfg_.paddedVocab}, act, dev);
+  // Classifier + loss (+ in training its backward), chunk by chunk through one logits buffer in
+  // the matmul dtype: the GEMM writes the chunk's logits, the fused softmax-cross-entropy turns
+  // them into their gradient in place, the two backward GEMMs read it before the next chunk
+  // overwrites it (stream order); f32 logits never exist on the GPU.
   Tensor targets = batch.targets.device() == dev ? batch.targets : batch.targets.to(dev);
   Tensor flatTargets = targets.view({N});
-  // wte in the matmul dtype once for every chunk, and again for backward.
-  Tensor wteOp = castTo(wte_->value, act);
-  LossStats total;
-  for (int64_t r0 = 0; r0 < N; r0 += cfg_.classifierChunk) {
-    const int64_t rows = std::min(cfg_.classifierChunk, N - r0);
-    Tensor z = ctx.training ? dlogits_.narrow(0, r0, rows) : Tensor::empty({rows, cfg_.paddedVocab}, act, dev);
-    linearForward(z, xf.narrow(0, r0, rows), wteOp, nullptr);
-    LossStats s = softmaxCrossEntropy(z, flatTargets.narrow(0, r0, rows), ctx.training ? &z : nullptr, ctx.lossScale,
-                                      valid, cfg_.vocab);
-    total.lossSum += s.lossSum;
-    total.correct += s.correct;
-    total.count += s.count;
+  Tensor wteOp = castTo(wte_->value, act);  // once for every chunk
+  const int64_t chunk = std::min(cfg_.classifierChunk, N);
+  Tensor logits = Tensor::empty({chunk, cfg_.paddedVocab}, act, dev);
+  Tensor wteGrad;
+  if (ctx.training) {
+    dxf_ = Tensor::empty({N, C}, act, dev);
+    const bool direct = wte_->grad.defined() && (!hooks_ || hooks_->gradsKeptAcrossForward());
+    wteGradEarly_ = direct ? Tensor() : Tensor::zeros(wte_->value.shape(), DType::kF32, dev);
+    wteGrad = direct ? wte_->grad : wteGradEarly_;
+  }
+  LossSink sink(dev);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    Tensor z = logits.narrow(0, 0, rows);
+    Tensor xfChunk = xf.narrow(0, r0, rows);
+    linearForward(z, xfChunk, wteOp, nullptr);
+    softmaxCrossEntropy(z, flatTargets.narrow(0, r0, rows), ctx.training ? &z : nullptr, ctx.lossScale, valid,
+                        cfg_.vocab, &sink);
+    if (ctx.training) {
+      Tensor dxChunk = dxf_.narrow(0, r0, rows);
+      linearBackward(&dxChunk, wteGrad, nullptr, z, xfChunk, wteOp);
+    }
   }
   if (ctx.training) {
     tokens_ = tokens;
-    xf_ = xf;
-    wteOp_ = wteOp.sharesStorageWith(wte_->value) ? Tensor() : wteOp;
     B_ = B;
     T_ = T;
   }
   hookAfter(0, false);
-  return total;
+  return sink.finish();
 }
 
 void Gpt::backward(Context& ctx) {
-  MT_CHECK(dlogits_.defined(), "gpt backward() without a training forward()");
-  const int64_t C = cfg_.channels, N = B_ * T_;
-  const Device dev = xf_.device();
+  MT_CHECK(dxf_.defined(), "gpt backward() without a training forward()");
+  const int64_t C = cfg_.channels;
+  const Device dev = dxf_.device();
   hookBefore(0, true);
   hookBefore(static_cast<int>(blocks_.size()) + 1, true);
   // Gradients that only GEMMs or LayerNorm backward read are in the matmul dtype; the residual
   // stream's gradient dx is f32, with a copy dxLow in the matmul dtype made by the LayerNorm
   // backward that produced it, for the projection GEMMs.
   const DType act = matmulDType(dev);
-  Tensor dxf = Tensor::empty({N, C}, act, dev);
-  const Tensor& wteOp = wteOp_.defined() ? wteOp_ : wte_->value;
-  for (int64_t r0 = 0; r0 < N; r0 += cfg_.classifierChunk) {
-    const int64_t rows = std::min(cfg_.classifierChunk, N - r0);
-    Tensor dz = dlogits_.narrow(0, r0, rows);
-    Tensor dxChunk = dxf.narrow(0, r0, rows);
-    linearBackward(&dxChunk, wte_->grad, nullptr, dz, xf_.narrow(0, r0, rows), wteOp);
+  if (wteGradEarly_.defined()) {  // the classifier's wte gradient, made in forward
+    addInPlace(wte_->grad, wteGradEarly_);
+    wteGradEarly_ = Tensor();
   }
-  dlogits_ = Tensor();
-  xf_ = Tensor();
-  wteOp_ = Tensor();
+  Tensor dxf = dxf_;
+  dxf_ = Tensor();
   Tensor dxLow;
   Tensor dx = lnf_->backwardBoth(dxf.view({B_, T_, C}), nullptr, ctx, &dxLow);
   if (hooks_)
@@ -205,9 +210,10 @@ void Gpt::backward(Context& ctx) {
     Block& b = blocks_[li];
     hookBefore(static_cast<int>(li) + 1, true);
     // x2 = x1 + fcProj(gelu(fc(ln2(x1)))): dx1 = dx + d(mlp path)
-    Tensor df = b.fcProj->backwardDGelu(dxLow, b.pre, ctx);  // the gradient at the GELU's input
+    Tensor dfSum;  // colsum(df), fc's bias gradient, where the DGELU GEMM's epilogue made it
+    Tensor df = b.fcProj->backwardDGelu(dxLow, b.pre, ctx, &dfSum);  // the gradient at the GELU's input
     b.pre = Tensor();
-    Tensor dh2 = b.fc->backward(df, ctx);
+    Tensor dh2 = b.fc->backward(df, ctx, dfSum);
     Tensor dx1Low;
     Tensor dx1 = b.ln2->backwardBoth(dh2, &dx, ctx, &dx1Low);  // + the residual branch's gradient, one pass
     // x1 = x + proj(attn(qkv(ln1(x))))
@@ -238,8 +244,8 @@ void Gpt::backward(Context& ctx) {
 }
 
 int64_t Gpt::activationBytes() const {
-  int64_t b = dlogits_.defined() ? static_cast<int64_t>(dlogits_.nbytes()) : 0;
-  if (wteOp_.defined()) b += static_cast<int64_t>(wteOp_.nbytes());
+  int64_t b = dxf_.defined() ? static_cast<int64_t>(dxf_.nbytes()) : 0;
+  if (wteGradEarly_.defined()) b += static_cast<int64_t>(wteGradEarly_.nbytes());
   for (const auto& blk : blocks_) {
     b += blk.ln1->cachedBytes() + blk.qkv->cachedBytes() + blk.proj->cachedBytes() + blk.ln2->cachedBytes() +
          blk.fc->cachedBytes() + blk.fcProj->cachedBytes();
@@ -259,9 +265,8 @@ void Gpt::clearActivations() {
     blk.pre = Tensor();
   }
   lnf_->clearCache();
-  dlogits_ = Tensor();
-  xf_ = Tensor();
-  wteOp_ = Tensor();
+  dxf_ = Tensor();
+  wteGradEarly_ = Tensor();
   tokens_ = Tensor();
 }
 

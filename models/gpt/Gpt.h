@@ -5,9 +5,12 @@
 //   x0 = wte[tokens] + wpe[:T]
 //   block l:  h = x + proj(attn(qkv(ln1(x)))),   x' = h + fc2(gelu(fc1(ln2(h))))
 //   logits = lnf(x_L) wte^T,   loss = mean cross-entropy over valid targets
-// The classifier is fused with the loss: logits are made chunk by chunk straight into the gradient
-// buffer and turned in place into their gradient (softmax - onehot) / N (in the matmul dtype on
-// the GPU in reduced precision). There, activations that feed a GEMM (LayerNorm, qkv, attention,
+// The classifier is fused with the loss and, in training, with its own backward: logits are made
+// chunk by chunk into one chunk-sized buffer, turned in place into their gradient
+// (softmax - onehot) / N (in the matmul dtype on the GPU in reduced precision), and that chunk's
+// dx and wte gradient GEMMs run at once, still in forward (the loss gradient needs nothing from
+// later), so the logits of one chunk exist at a time, not the whole batch's (6.6 GB at GPT-2
+// B=64). Statistics are read back once per forward. On the GPU, activations that feed a GEMM (LayerNorm, qkv, attention,
 // fc and GELU outputs, and the gradients of every GEMM input) are in the matmul dtype as well; the
 // residual stream and its gradient stay f32 (LayerNorm backward also writes the gradient's copy in
 // the matmul dtype that the projection GEMMs read). The MLP's GELU is fused into the fc GEMM and
@@ -71,8 +74,9 @@ class Gpt final : public Model {
   std::vector<Block> blocks_;
   std::unique_ptr<LayerNorm> lnf_;
   // Training state between forward and backward.
-  Tensor tokens_, xf_, dlogits_;
-  Tensor wteOp_;  // wte in the matmul dtype for this step (reduced precision only)
+  Tensor tokens_;
+  Tensor dxf_;        // the classifier's input gradient, made in forward
+  Tensor wteGradEarly_;  // wte's classifier gradient, where it cannot go into wte->grad in forward
   int64_t B_ = 0, T_ = 0;
 };
 

@@ -10,6 +10,9 @@
 
 namespace mt::cuda {
 
+// cuBLASLt's default bias type: the output's.
+constexpr cudaDataType_t kDefaultBiasType = static_cast<cudaDataType_t>(-1);
+
 struct GemmCall {
   Trans transA = Trans::kNo, transB = Trans::kNo;
   int64_t M = 0, N = 0, K = 0;
@@ -21,8 +24,9 @@ struct GemmCall {
   cudaDataType_t abType = CUDA_R_32F;
   cudaDataType_t cType = CUDA_R_32F;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias = nullptr;        // [N] (per output column of C), for BIAS/GELU_BIAS epilogues
-  void* aux = nullptr;               // GELU input (GELU_AUX) or bias gradient (BGRAD*)
+  const void* bias = nullptr;        // [N] (per output column of C): BIAS/GELU_BIAS input, BGRAD output
+  cudaDataType_t biasType = kDefaultBiasType;  // the bias vector's type when it is not C's
+  void* aux = nullptr;               // GELU input: written by GELU_AUX, read by DGELU
   int64_t ldAux = 0;
   int64_t batch = 1;                 // strided batched GEMM
   int64_t strideA = 0, strideB = 0, strideC = 0;

@@ -13,10 +13,11 @@
 namespace mt::cuda {
 
 void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual);
-void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w);
+void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                    const Tensor* dyColSum);
 void linearGeluForward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b);
 void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                         const Tensor& pre);
+                         const Tensor& pre, Tensor* dpreColSum);
 void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g);
 void conv2dBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& col,
                     const Tensor& w, const Conv2dGeometry& g);
@@ -34,7 +35,7 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                        const Tensor& mean, const Tensor& rstd, const Tensor* residual, Tensor* dxLow);
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
-                              int64_t validForMean, int64_t validClasses);
+                              int64_t validForMean, int64_t validClasses, LossSink* sink);
 void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved);
 void attentionBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& saved, int64_t heads);
 void addInPlace(Tensor& y, const Tensor& x);

@@ -10,12 +10,15 @@
 //         db += colsum(dy)   -> column-sum kernel                               (accumulates)
 // Linear+GELU (GPT-2's MLP, tanh GELU): y = GELU(x W^T + b) with pre = x W^T + b kept, in one GEMM
 // through the GELU_AUX_BIAS epilogue; its backward dpre = (dy W2) * GELU'(pre) in the DGELU
-// epilogue of the next layer's input-gradient GEMM. Separate kernels where cuBLASLt has no
-// algorithm for the epilogue (or MT_GEMM_EPILOGUES=0). Bias gradients stay with our column-sum
-// kernels: cuBLASLt's BGRADB epilogue ran as a separate kernel of its own, 4.3 ms per GPT-2 step
-// against our 3.6 (H200, 2026-12-03).
+// epilogue of the next layer's input-gradient GEMM, which can also produce the fc layer's bias
+// gradient colsum(dpre) (DGELU_BGRAD: the reduction runs over the GEMM's output rows, in the tile
+// epilogue). Separate kernels where cuBLASLt has no algorithm for the epilogue (or
+// MT_GEMM_EPILOGUES=0/1). Other bias gradients stay with our column-sum kernels: cuBLASLt's BGRADB
+// epilogue (a reduction over the weight-gradient GEMM's k) ran as a separate kernel of its own,
+// 4.3 ms per GPT-2 step against our 3.6 (H200, 2026-12-03).
 // In bf16/f16 matmul precision, f32 operands are cast into scratch buffers (operands already in
-// the matmul dtype are read as they are); y may be f32 or the matmul dtype, gradients are f32.
+// the matmul dtype are read as they are); y may be f32 or the matmul dtype, gradients are f32. An
+// f32 bias is read as it is by a bf16/f16 GEMM where cuBLASLt allows (no cast of the bias).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -40,14 +43,15 @@ constexpr size_t kGemmWorkspace = 32u << 20;
 struct PlanKey {
   int ta, tb;
   int64_t M, N, K;
-  int ab, c, epi;
+  int ab, c, epi, biasType;
   bool hasBeta;
   int64_t batch, sA, sB, sC, ldAux;
   uint32_t alignA, alignB, alignC, alignBias;  // algorithms differ by operand alignment
   bool operator<(const PlanKey& o) const {
-    return std::tie(ta, tb, M, N, K, ab, c, epi, hasBeta, batch, sA, sB, sC, ldAux, alignA, alignB, alignC,
-                    alignBias) < std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ab, o.c, o.epi, o.hasBeta, o.batch, o.sA,
-                                          o.sB, o.sC, o.ldAux, o.alignA, o.alignB, o.alignC, o.alignBias);
+    return std::tie(ta, tb, M, N, K, ab, c, epi, biasType, hasBeta, batch, sA, sB, sC, ldAux, alignA, alignB,
+                    alignC, alignBias) < std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ab, o.c, o.epi, o.biasType, o.hasBeta,
+                                                  o.batch, o.sA, o.sB, o.sC, o.ldAux, o.alignA, o.alignB, o.alignC,
+                                                  o.alignBias);
   }
 };
 
@@ -78,7 +82,8 @@ uint32_t alignmentOf(const void* p) {
 Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
   // Epilogues with an aux matrix: its type is the output's (bf16/f16/f32, as GELU_AUX and DGELU need).
   PlanKey key{static_cast<int>(g.transA), static_cast<int>(g.transB), g.M, g.N, g.K, static_cast<int>(g.abType),
-              static_cast<int>(g.cType), static_cast<int>(g.epilogue), g.beta != 0.f, g.batch, g.strideA,
+              static_cast<int>(g.cType), static_cast<int>(g.epilogue), static_cast<int>(g.biasType), g.beta != 0.f,
+              g.batch, g.strideA,
               g.strideB, g.strideC, g.ldAux, alignmentOf(g.A), alignmentOf(g.B), alignmentOf(g.C),
               g.bias ? alignmentOf(g.bias) : 256u};
   std::lock_guard<std::mutex> lock(gPlanMutex);
@@ -93,6 +98,10 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof(g.epilogue)));
   if (g.ldAux) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldAux, sizeof(g.ldAux)));
+  if (g.biasType != kDefaultBiasType) {
+    const int32_t bt = static_cast<int32_t>(g.biasType);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+  }
   // Stored shapes (column-major): our B is [K,N] row-major (or [N,K] when transposed).
   const uint64_t aRows = g.transB == Trans::kYes ? g.K : g.N, aCols = g.transB == Trans::kYes ? g.N : g.K;
   const uint64_t bRows = g.transA == Trans::kYes ? g.M : g.K, bCols = g.transA == Trans::kYes ? g.K : g.M;
@@ -117,9 +126,14 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dummyBias, sizeof(dummyBias)));
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(rt.cublasLt(), p.op, p.a, p.b, p.c, p.c, pref, 1, &heur, &found));
+  // NOT_SUPPORTED or INVALID_VALUE (an epilogue or bias type this cuBLASLt has no kernel for; the
+  // H200's cuBLAS 13 answers the latter for an f32 bias under bf16) mean "no algorithm": the
+  // caller falls back, and gemm() still names the shape if nothing runs it.
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(rt.cublasLt(), p.op, p.a, p.b, p.c, p.c, pref, 1, &heur, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  p.ok = found > 0;
+  if (hs != CUBLAS_STATUS_NOT_SUPPORTED && hs != CUBLAS_STATUS_INVALID_VALUE) CUBLAS_CHECK(hs);
+  p.ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
   p.algo = heur.algo;
   return gPlans.emplace(key, p).first->second;
 }
@@ -240,14 +254,31 @@ bool tryGemm(const GemmCall& g) {
 // The GELU epilogues are used in reduced precision (the f32 path keeps the accurate tanhf kernel
 // that matches the CPU), when not switched off, and where the aux matrix's rows are 16-byte
 // multiples (cuBLASLt's requirement on its leading dimension).
-bool geluEpilogueFor(DType out, int64_t width) {
-  static const bool enabled = envInt(EnvParam::kGemmEpilogues) != 0;
-  return enabled && out != DType::kF32 && width % 8 == 0;
+int epilogueLevel() {
+  static const int level = static_cast<int>(envInt(EnvParam::kGemmEpilogues));
+  return level;
+}
+bool geluEpilogueFor(DType out, int64_t width) { return epilogueLevel() >= 1 && out != DType::kF32 && width % 8 == 0; }
+
+// g with a bias of another dtype than the output (an f32 bias under a bf16 GEMM): as it is where
+// cuBLASLt has an algorithm for that bias type, else with the bias cast to the output's dtype.
+bool tryGemmBias(GemmCall g, const Tensor* b, DType yType) {
+  if (tryGemm(g)) return true;
+  if (!b || g.biasType == kDefaultBiasType) return false;
+  Tensor cast = Tensor::empty(b->shape(), yType, b->device());
+  castTensor(cast, *b);
+  g.bias = cast.rawData();
+  g.biasType = kDefaultBiasType;
+  return tryGemm(g);  // the cast is freed stream-ordered, after the GEMM has read it
+}
+void gemmBias(const GemmCall& g, const Tensor* b, DType yType) {
+  if (!tryGemmBias(g, b, yType))
+    throw CudaError("cuBLASLt has no algorithm for GEMM M=" + std::to_string(g.M) + " N=" + std::to_string(g.N) +
+                    " K=" + std::to_string(g.K) + " with a bias");
 }
 
-// y = x W^T (+ bias): the GEMM call without epilogue-specific fields. bias is cast into *biasCast
-// when its dtype is not the output's (cuBLASLt's bias has the output's dtype).
-GemmCall forwardCall(Tensor& y, const Tensor& xo, const Tensor& wo, const Tensor* b, Tensor* biasCast) {
+// y = x W^T (+ bias): the GEMM call without epilogue-specific fields (enqueue with gemmBias).
+GemmCall forwardCall(Tensor& y, const Tensor& xo, const Tensor& wo, const Tensor* b) {
   const int64_t O = wo.dim(0), I = wo.dim(1), N = xo.numel() / I;
   MT_CHECK(xo.dtype() == wo.dtype(), "linear: x is ", dtypeName(xo.dtype()), ", W is ", dtypeName(wo.dtype()));
   GemmCall g;
@@ -260,21 +291,24 @@ GemmCall forwardCall(Tensor& y, const Tensor& xo, const Tensor& wo, const Tensor
   g.abType = cudaTypeOf(xo.dtype());
   g.cType = cudaTypeOf(y.dtype());
   if (b) {
-    *biasCast = *b;
-    if (b->dtype() != y.dtype()) {
-      *biasCast = Tensor::empty(b->shape(), y.dtype(), b->device());
-      castTensor(*biasCast, *b);
-    }
     g.epilogue = CUBLASLT_EPILOGUE_BIAS;
-    g.bias = biasCast->rawData();
+    g.bias = b->rawData();
+    if (b->dtype() != y.dtype()) g.biasType = cudaTypeOf(b->dtype());
   }
   return g;
 }
 
+__global__ void addIntoKernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
 // dW += dy^T x and db += colsum(dy), dy and x already in the matmul dtype (dyRaw: dy as given, for
-// the column sums, which read f32 gradients as they are).
+// the column sums, which read f32 gradients as they are); dyColSum: colsum(dy) already computed
+// (f32 [O], by an earlier GEMM's epilogue).
 void weightGrads(Tensor& dw, Tensor* db, const Tensor& dyo, const Tensor& dyRaw, const Tensor& xo, int64_t N,
-                 int64_t O, int64_t I) {
+                 int64_t O, int64_t I, const Tensor* dyColSum) {
   GemmCall g;
   g.transA = Trans::kYes;
   g.M = O, g.N = I, g.K = N;
@@ -284,7 +318,12 @@ void weightGrads(Tensor& dw, Tensor* db, const Tensor& dyo, const Tensor& dyRaw,
   g.C = dw.rawData();
   g.abType = cudaTypeOf(dyo.dtype());
   gemm(g);
-  if (db) {
+  if (db && dyColSum) {
+    MT_CHECK(dyColSum->dtype() == DType::kF32 && dyColSum->numel() == O, "linear backward: column sums ",
+             dyColSum->str(), " for ", O, " outputs");
+    addIntoKernel<<<gridFor(O), 256, 0, currentStream()>>>(db->data<float>(), dyColSum->data<float>(), O);
+    CUDA_CHECK(cudaGetLastError());
+  } else if (db) {
     const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
     Tensor part = Tensor::empty({chunks, O}, DType::kF32, dyRaw.device());
     dim3 grid(static_cast<unsigned>((O + 255) / 256), static_cast<unsigned>(chunks));
@@ -308,35 +347,36 @@ void gemm(const GemmCall& g) {
 
 void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual) {
   const MatmulPrecision prec = CudaRuntime::require().matmulPrecision();
-  Tensor xo = asOperand(x, prec), wo = asOperand(w, prec), bias;
-  GemmCall g = forwardCall(y, xo, wo, b, &bias);
+  Tensor xo = asOperand(x, prec), wo = asOperand(w, prec);
+  GemmCall g = forwardCall(y, xo, wo, b);
   if (residual) {  // y = x W^T + b + residual: the GEMM reads the residual as C (beta = 1)
     MT_CHECK(residual->dtype() == y.dtype() && residual->numel() == y.numel(), "linear residual ", residual->str(),
              " for ", y.str());
     g.beta = 1.f;
     g.Cin = residual->rawData();
   }
-  gemm(g);
+  gemmBias(g, b, y.dtype());
 }
 
 void linearGeluForward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b) {
   MT_CHECK(pre.dtype() == y.dtype() && pre.numel() == y.numel(), "linear+GELU: pre-activation ", pre.str(),
            " for ", y.str());
   const MatmulPrecision prec = CudaRuntime::require().matmulPrecision();
-  Tensor xo = asOperand(x, prec), wo = asOperand(w, prec), bias;
+  Tensor xo = asOperand(x, prec), wo = asOperand(w, prec);
   if (geluEpilogueFor(y.dtype(), w.dim(0))) {
-    GemmCall g = forwardCall(y, xo, wo, b, &bias);
+    GemmCall g = forwardCall(y, xo, wo, b);
     g.epilogue = b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     g.aux = pre.rawData();
     g.ldAux = w.dim(0);
-    if (tryGemm(g)) return;
+    if (tryGemmBias(g, b, y.dtype())) return;
   }
-  GemmCall g = forwardCall(pre, xo, wo, b, &bias);
-  gemm(g);
+  GemmCall g = forwardCall(pre, xo, wo, b);
+  gemmBias(g, b, pre.dtype());
   cuda::geluForward(y, pre, GeluKind::kTanh);
 }
 
-void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w) {
+void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                    const Tensor* dyColSum) {
   const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
   const MatmulPrecision prec = CudaRuntime::require().matmulPrecision();
   Tensor dyo = asOperand(dy, prec), xo = asOperand(x, prec);
@@ -355,11 +395,11 @@ void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const 
     g.cType = cudaTypeOf(dx->dtype());
     gemm(g);
   }
-  weightGrads(dw, db, dyo, dy, xo, N, O, I);
+  weightGrads(dw, db, dyo, dy, xo, N, O, I, dyColSum);
 }
 
 void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                         const Tensor& pre) {
+                         const Tensor& pre, Tensor* dpreColSum) {
   const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
   MT_CHECK(pre.numel() == N * I && dpre.numel() == N * I, "linear+dGELU: pre-activation ", pre.str(), ", its gradient ",
            dpre.str(), " for input ", x.str());
@@ -378,7 +418,29 @@ void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy,
     g.epilogue = CUBLASLT_EPILOGUE_DGELU;
     g.aux = const_cast<void*>(pre.rawData());
     g.ldAux = I;
-    fused = tryGemm(g);
+    if (dpreColSum && epilogueLevel() >= 2) {
+      // The same GEMM also writes colsum(dpre) (the previous layer's bias gradient), in f32 where
+      // cuBLASLt allows, else in the output's dtype and widened.
+      GemmCall gb = g;
+      gb.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+      Tensor sum = Tensor::empty({I}, DType::kF32, dpre.device());
+      gb.bias = sum.rawData();
+      gb.biasType = CUDA_R_32F;
+      if (tryGemm(gb)) {
+        *dpreColSum = sum;
+        fused = true;
+      } else {
+        Tensor low = Tensor::empty({I}, dpre.dtype(), dpre.device());
+        gb.bias = low.rawData();
+        gb.biasType = kDefaultBiasType;
+        if (tryGemm(gb)) {
+          castTensor(sum, low);
+          *dpreColSum = sum;
+          fused = true;
+        }
+      }
+    }
+    if (!fused) fused = tryGemm(g);
   }
   if (!fused) {
     Tensor dg = Tensor::empty(dpre.shape(), dpre.dtype(), dpre.device());
@@ -390,7 +452,7 @@ void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy,
     gemm(g);
     cuda::geluBackward(dpre, dg, pre, GeluKind::kTanh);
   }
-  weightGrads(dw, db, dyo, dy, xo, N, O, I);
+  weightGrads(dw, db, dyo, dy, xo, N, O, I, nullptr);
 }
 
 }  // namespace mt::cuda

@@ -188,7 +188,9 @@ __global__ void __launch_bounds__(1024) ceRowsSmem(const TZ* z, const TT* target
 // Rows up to this many bytes go through shared memory (two blocks per SM on Hopper's 227 KiB).
 constexpr int64_t kCeSmemMaxBytes = 110 * 1024;
 
-__global__ void ceReduce(const double* rowLoss, const int* rowCorrect, const int* rowValid, int64_t N, double* out) {
+// out = the sums, or out += them (accumulate: a LossSink over chunks).
+__global__ void ceReduce(const double* rowLoss, const int* rowCorrect, const int* rowValid, int64_t N, double* out,
+                         bool accumulate) {
   __shared__ double sl[256];
   __shared__ double sc[256], sv[256];
   double l = 0, c = 0, v = 0;
@@ -207,7 +209,10 @@ __global__ void ceReduce(const double* rowLoss, const int* rowCorrect, const int
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[0] = sl[0], out[1] = sc[0], out[2] = sv[0];
+  if (threadIdx.x == 0) {
+    if (accumulate) out[0] += sl[0], out[1] += sc[0], out[2] += sv[0];
+    else out[0] = sl[0], out[1] = sc[0], out[2] = sv[0];
+  }
 }
 
 __global__ void countValid(const int64_t* t64, const int32_t* t32, int64_t N, int* out) {
@@ -219,7 +224,7 @@ __global__ void countValid(const int64_t* t64, const int32_t* t32, int64_t N, in
 }  // namespace
 
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
-                              int64_t validForMean, int64_t validClasses) {
+                              int64_t validForMean, int64_t validClasses, LossSink* sink) {
   const int64_t stride = logits.dim(-1), N = logits.numel() / stride;
   const int64_t C = validClasses > 0 ? validClasses : stride;
   Device d = logits.device();
@@ -230,8 +235,8 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
   Tensor ints = Tensor::zeros({2 * N + 2}, DType::kI32, d);  // correct[N], valid[N], bad, validCount
   int* correct = ints.data<int32_t>();
   int* valid = correct + N;
-  int* bad = valid + N;
-  int* validCount = bad + 1;
+  int* bad = sink ? sink->bad.data<int32_t>() : valid + N;
+  int* validCount = valid + N + 1;
   int64_t mean = validForMean;
   if (mean < 0) {
     countValid<<<1, 256, 0, s>>>(t64, t32, N, validCount);
@@ -284,7 +289,13 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
       }
     });
   }
-  ceReduce<<<1, 256, 0, s>>>(rowLoss.data<double>(), correct, valid, N, out.data<double>());
+  if (sink) {
+    ceReduce<<<1, 256, 0, s>>>(rowLoss.data<double>(), correct, valid, N, sink->sums.data<double>(), true);
+    checkLaunch();
+    sink->classes = C;
+    return LossStats{};
+  }
+  ceReduce<<<1, 256, 0, s>>>(rowLoss.data<double>(), correct, valid, N, out.data<double>(), false);
   checkLaunch();
   double host[3];
   int hostBad = 0;

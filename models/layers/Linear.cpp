@@ -27,13 +27,20 @@ void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b,
   gemmCpu(Trans::kNo, Trans::kYes, N, O, I, 1.f, x.data<float>(), w.data<float>(), b || rp ? 1.f : 0.f, yp);
 }
 
-void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w) {
+void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                    const Tensor* dyColSum) {
   const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
-  MT_DISPATCH_CUDA(x, linearBackward(dx, dw, db, dy, x, w));
+  MT_DISPATCH_CUDA(x, linearBackward(dx, dw, db, dy, x, w, dyColSum));
   const float* dyp = dy.data<float>();
   if (dx) gemmCpu(Trans::kNo, Trans::kNo, N, I, O, 1.f, dyp, w.data<float>(), 0.f, dx->data<float>());
   gemmCpu(Trans::kYes, Trans::kNo, O, I, N, 1.f, dyp, x.data<float>(), 1.f, dw.data<float>());
-  if (db) {
+  if (db && dyColSum) {
+    MT_CHECK(dyColSum->numel() == O && dyColSum->dtype() == DType::kF32, "linear backward: column sums ",
+             dyColSum->str(), " for ", O, " outputs");
+    float* dbp = db->data<float>();
+    const float* sp = dyColSum->data<float>();
+    for (int64_t o = 0; o < O; ++o) dbp[o] += sp[o];
+  } else if (db) {
     float* dbp = db->data<float>();
     parallelFor(O, 16, [&](int64_t lo, int64_t hi) {
       for (int64_t o = lo; o < hi; ++o) {
@@ -52,8 +59,8 @@ void linearGeluForward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w,
 }
 
 void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                         const Tensor& pre) {
-  MT_DISPATCH_CUDA(x, linearBackwardDGelu(dpre, dw, db, dy, x, w, pre));
+                         const Tensor& pre, Tensor* dpreColSum) {
+  MT_DISPATCH_CUDA(x, linearBackwardDGelu(dpre, dw, db, dy, x, w, pre, dpreColSum));
   Tensor dg = Tensor::empty(dpre.shape(), DType::kF32, dpre.device());
   linearBackward(&dg, dw, db, dy, x, w);
   geluBackward(dpre, dg, pre, GeluKind::kTanh);
@@ -71,15 +78,28 @@ void Linear::initParams(Rng& rng) {
   if (b_) initUniform(b_->value, rng, -bound, bound);
 }
 
+int64_t Linear::cachedBytes() const {
+  int64_t n = x_.defined() ? static_cast<int64_t>(x_.nbytes()) : 0;
+  if (wo_.defined() && !wo_.sharesStorageWith(w_->value)) n += static_cast<int64_t>(wo_.nbytes());
+  return n;
+}
+
+// In reduced precision the input is cast once in forward and the cast is what backward reads
+// (half the cached bytes, no second cast). The weight's cast is kept the same way when
+// ctx.keepWeightCasts (2 bytes per parameter until backward); sharded training turns it off, as it
+// frees the gathered weights between forward and backward.
+Tensor Linear::weightOperand(const Context& ctx) {
+  if (!ctx.training || !ctx.keepWeightCasts) return w_->value;
+  wo_ = castTo(w_->value, matmulDType(w_->value.device()));
+  return wo_;
+}
+
 Tensor Linear::forward(const Tensor& x, Context& ctx) {
   Shape outShape = x.shape();
   outShape.back() = out_;
-  // In reduced precision the input is cast once here and the cast is what backward reads (half
-  // the cached bytes, no second cast). The weight's cast is not kept: sharded training frees the
-  // gathered weights between forward and backward, and the cast costs ~6 bytes per parameter.
   Tensor xo = castTo(x, matmulDType(x.device()));
   Tensor y = Tensor::empty(outShape, outputDType(x.device()), x.device());
-  linearForward(y, xo, w_->value, b_ ? &b_->value : nullptr);
+  linearForward(y, xo, weightOperand(ctx), b_ ? &b_->value : nullptr);
   if (ctx.training) x_ = xo;
   return y;
 }
@@ -91,7 +111,7 @@ Tensor Linear::forwardAdd(const Tensor& x, const Tensor& residual, Context& ctx)
            shapeStr(outShape));
   Tensor xo = castTo(x, matmulDType(x.device()));
   Tensor y = Tensor::empty(outShape, residual.dtype(), x.device());
-  linearForward(y, xo, w_->value, b_ ? &b_->value : nullptr, &residual);
+  linearForward(y, xo, weightOperand(ctx), b_ ? &b_->value : nullptr, &residual);
   if (ctx.training) x_ = xo;
   return y;
 }
@@ -103,27 +123,33 @@ Tensor Linear::forwardGelu(const Tensor& x, Context& ctx, Tensor* pre) {
   const DType t = outputDType(x.device());
   Tensor y = Tensor::empty(outShape, t, x.device());
   *pre = Tensor::empty(outShape, t, x.device());
-  linearGeluForward(y, *pre, xo, w_->value, b_ ? &b_->value : nullptr);
+  linearGeluForward(y, *pre, xo, weightOperand(ctx), b_ ? &b_->value : nullptr);
   if (ctx.training) x_ = xo;
   return y;
 }
 
-Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&) {
+Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&, Tensor* preColSum) {
   MT_CHECK(x_.defined(), "Linear::backward without a training forward");
   MT_CHECK(pre.numel() == x_.numel(), "linear+dGELU: pre-activation ", pre.str(), " for input ", x_.str());
   // In the matmul dtype when pre is (the gradient feeds the previous layer's GEMMs).
   Tensor dpre = Tensor::empty(x_.shape(), pre.dtype(), x_.device());
-  linearBackwardDGelu(dpre, w_->grad, b_ ? &b_->grad : nullptr, dy, x_, w_->value, pre);
+  linearBackwardDGelu(dpre, w_->grad, b_ ? &b_->grad : nullptr, dy, x_, wo_.defined() ? wo_ : w_->value, pre,
+                      preColSum);
   x_ = Tensor();
+  wo_ = Tensor();
   return dpre;
 }
 
-Tensor Linear::backward(const Tensor& dy, Context& ctx) {
+Tensor Linear::backward(const Tensor& dy, Context& ctx) { return backward(dy, ctx, Tensor()); }
+
+Tensor Linear::backward(const Tensor& dy, Context&, const Tensor& dyColSum) {
   MT_CHECK(x_.defined(), "Linear::backward without a training forward");
   const DType dxType = lowInputGrad_ ? matmulDType(x_.device()) : DType::kF32;
   Tensor dx = needsInputGrad_ ? Tensor::empty(x_.shape(), dxType, x_.device()) : Tensor();
-  linearBackward(dx.defined() ? &dx : nullptr, w_->grad, b_ ? &b_->grad : nullptr, dy, x_, w_->value);
+  linearBackward(dx.defined() ? &dx : nullptr, w_->grad, b_ ? &b_->grad : nullptr, dy, x_,
+                 wo_.defined() ? wo_ : w_->value, dyColSum.defined() ? &dyColSum : nullptr);
   x_ = Tensor();
+  wo_ = Tensor();
   return dx;
 }
 

@@ -13,16 +13,20 @@ namespace mt {
 
 // residual (optional, y's shape and dtype): y = x W^T + b + residual, in the same pass.
 void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual = nullptr);
-void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w);
+// dyColSum (optional, f32 [out]): colsum(dy) already computed elsewhere (a GEMM epilogue); db += it.
+void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                    const Tensor* dyColSum = nullptr);
 // A linear layer followed by the tanh GELU (GPT-2's MLP): y = GELU(x W^T + b), with the
 // pre-activation pre = x W^T + b (y's shape and dtype) kept for backward. On CUDA in reduced
 // precision one GEMM (cuBLASLt GELU_AUX_BIAS epilogue); elsewhere the GEMM then the GELU kernel.
 void linearGeluForward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b);
 // The backward of a linear layer whose input was GELU(pre): dpre = (dy W) * GELU'(pre) (overwrites;
 // the gradient at the GELU's input), dW and db accumulate as in linearBackward. On CUDA in reduced
-// precision the DGELU epilogue of the input-gradient GEMM.
+// precision the DGELU epilogue of the input-gradient GEMM. dpreColSum (optional): where that GEMM can
+// also reduce colsum(dpre) (the bias gradient of the layer that produced pre; DGELU_BGRAD), it is
+// set to that f32 [in] vector; left undefined otherwise (the caller computes it as usual).
 void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                         const Tensor& pre);
+                         const Tensor& pre, Tensor* dpreColSum = nullptr);
 
 class Linear : public Module {
  public:
@@ -36,15 +40,21 @@ class Linear : public Module {
   // GELU(forward(x)) with the pre-activation returned in *pre (kept by the caller for the next
   // layer's backwardDGelu); output and pre in the layer's output dtype.
   Tensor forwardGelu(const Tensor& x, Context& ctx, Tensor* pre);
-  // backward(dy) for a layer whose input was GELU(pre): returns the gradient at pre.
-  Tensor backwardDGelu(const Tensor& dy, const Tensor& pre, Context& ctx);
+  // backward(dy) for a layer whose input was GELU(pre): returns the gradient at pre, and in
+  // *preColSum (when given and a fused epilogue computed it) colsum of that gradient, f32.
+  Tensor backwardDGelu(const Tensor& dy, const Tensor& pre, Context& ctx, Tensor* preColSum = nullptr);
   // dx in the matmul dtype (its consumer is a GEMM or a kernel that reads reduced precision).
   void setLowPrecisionInputGrad(bool low) { lowInputGrad_ = low; }
   Tensor backward(const Tensor& dy, Context& ctx) override;
+  // backward(dy) with colsum(dy) given (f32 [out], or undefined: computed here) for the bias.
+  Tensor backward(const Tensor& dy, Context& ctx, const Tensor& dyColSum);
   std::vector<Param*> params() override;
   Shape outputShape(const Shape& in) const override;
-  void clearCache() override { x_ = Tensor(); }
-  int64_t cachedBytes() const override { return x_.defined() ? static_cast<int64_t>(x_.nbytes()) : 0; }
+  void clearCache() override {
+    x_ = Tensor();
+    wo_ = Tensor();
+  }
+  int64_t cachedBytes() const override;
 
   Param* weight() const { return w_; }
   Param* bias() const { return b_; }
@@ -56,6 +66,10 @@ class Linear : public Module {
   Param* b_ = nullptr;
   bool lowInputGrad_ = false;
   Tensor x_;  // the input as the GEMM read it (bf16/f16 in reduced precision)
+  // The weight as the forward GEMM read it, kept for backward when ctx.keepWeightCasts (one
+  // cast per step instead of two); undefined otherwise (backward casts again).
+  Tensor wo_;
+  Tensor weightOperand(const Context& ctx);
 };
 
 }  // namespace mt

@@ -15,6 +15,27 @@ inline int64_t targetAt(const Tensor& t, int64_t i) {
 }
 }  // namespace
 
+LossSink::LossSink(Device d) {
+  if (!d.isCpu()) {
+    sums = Tensor::zeros({3}, DType::kF64, d);
+    bad = Tensor::zeros({1}, DType::kI32, d);
+  }
+}
+
+LossStats LossSink::finish() {
+  LossStats s = host;
+  if (sums.defined()) {
+    Tensor hb = bad.to(Device::cpu());
+    if (hb.data<int32_t>()[0])
+      throw DataError("a target is out of range for " + std::to_string(classes) + " classes");
+    Tensor hs = sums.to(Device::cpu());
+    s.lossSum += hs.data<double>()[0];
+    s.correct += static_cast<int64_t>(hs.data<double>()[1]);
+    s.count += static_cast<int64_t>(hs.data<double>()[2]);
+  }
+  return s;
+}
+
 int64_t countValidTargets(const Tensor& targets) {
   MT_CHECK(targets.device().isCpu(), "countValidTargets on ", targets.str());
   int64_t v = 0;
@@ -23,7 +44,7 @@ int64_t countValidTargets(const Tensor& targets) {
 }
 
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
-                              int64_t validForMean, int64_t validClasses) {
+                              int64_t validForMean, int64_t validClasses, LossSink* sink) {
   const int64_t stride = logits.dim(-1), N = logits.numel() / stride;
   const int64_t C = validClasses > 0 ? validClasses : stride;
   MT_CHECK(targets.numel() == N, "cross-entropy: ", N, " rows of logits, ", targets.numel(), " targets");
@@ -31,7 +52,7 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
            targets.str());
 #ifdef MT_WITH_CUDA
   if (logits.device().isCuda())
-    return cuda::softmaxCrossEntropy(logits, targets, dlogits, scale, validForMean, validClasses);
+    return cuda::softmaxCrossEntropy(logits, targets, dlogits, scale, validForMean, validClasses, sink);
 #endif
   MT_CHECK(logits.device().isCpu(), "softmaxCrossEntropy on ", logits.device().str(), " without CUDA");
   for (int64_t r = 0; r < N; ++r) {
@@ -82,6 +103,12 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
     s.lossSum += lossPart[static_cast<size_t>(b)];
     s.correct += correctPart[static_cast<size_t>(b)];
     s.count += countPart[static_cast<size_t>(b)];
+  }
+  if (sink) {
+    sink->host.lossSum += s.lossSum;
+    sink->host.correct += s.correct;
+    sink->host.count += s.count;
+    return LossStats{};
   }
   return s;
 }

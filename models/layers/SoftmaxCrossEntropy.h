@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/Device.h"
 #include "core/Tensor.h"
 
 namespace mt {
@@ -19,13 +20,29 @@ struct LossStats {
 
 constexpr int64_t kIgnoreIndex = -100;  // PyTorch's default ignore_index
 
+// The statistics of several softmaxCrossEntropy calls (the chunks of one batch) summed where they
+// are computed and read back once: on the GPU one host synchronisation per batch, not per chunk.
+// An out-of-range target found in any chunk is raised by finish().
+class LossSink {
+ public:
+  explicit LossSink(Device d);
+  LossStats finish();
+
+  // Filled by softmaxCrossEntropy: device sums (f64 loss, correct, count) and the bad-target flag
+  // (i32) on the GPU; host sums on the CPU.
+  Tensor sums, bad;
+  LossStats host;
+  int64_t classes = 0;
+};
+
 // logits [N, C] f32, targets [N] i64 or i32. dlogits may be null (evaluation). `valid` is the
 // number of valid rows the mean is taken over: the local count normally, or a global count
 // when a mean over several ranks or micro-batches is wanted.
 // validClasses < C: only the first validClasses columns are classes (a vocabulary padded for
 // alignment); the rest take no part in the softmax and get zero gradient. dlogits may alias logits.
+// sink: the statistics are added to it (read with sink->finish()) and the returned ones are zero.
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
-                              int64_t validForMean = -1, int64_t validClasses = -1);
+                              int64_t validForMean = -1, int64_t validClasses = -1, LossSink* sink = nullptr);
 int64_t countValidTargets(const Tensor& targets);
 
 }  // namespace mt
