@@ -57,6 +57,9 @@ const std::vector<ConfigKey>& configSchema() {
       {"train.epochs", "10", "epochs to train (ignored when train.max_steps > 0)"},
       {"train.max_steps", "0", "stop after this many optimizer steps (0: train.epochs)"},
       {"train.batch_size", "128", "GLOBAL batch size, split evenly over ranks"},
+      {"train.grad_accum_steps", "1",
+       "micro-batches per optimizer step: each rank's share of train.batch_size runs in this many forward/"
+       "backward passes whose gradients add up locally (one all-reduce, after the last)"},
       {"train.eval_batch_size", "1000", "global batch size for evaluation"},
       {"train.eval_interval", "0", "steps between evaluations (0: at the end of every epoch)"},
       {"train.device", "cpu", "cpu or cuda (GPU = node-local rank modulo the visible GPUs)"},

@@ -87,6 +87,8 @@ Settings Settings::fromConfig(const Config& c) {
   if (s.maxSteps == 0 && s.epochs <= 0) c.fail("train.epochs", "must be positive when train.max_steps = 0");
   s.globalBatch = c.i64("train.batch_size");
   if (s.globalBatch <= 0) c.fail("train.batch_size", "must be positive");
+  s.gradAccum = c.i64("train.grad_accum_steps");
+  if (s.gradAccum < 1) c.fail("train.grad_accum_steps", "must be >= 1");
   s.evalBatch = c.i64("train.eval_batch_size");
   if (s.evalBatch <= 0) c.fail("train.eval_batch_size", "must be positive");
   s.evalInterval = c.i64("train.eval_interval");

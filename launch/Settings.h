@@ -36,6 +36,7 @@ struct Settings {
   LoaderOptions loader;  // batchSize is filled in per rank
   // train
   int64_t epochs = 0, maxSteps = 0, globalBatch = 0, evalBatch = 0, evalInterval = 0;
+  int64_t gradAccum = 1;  // micro-batches per optimizer step
   std::string device = "cpu";
   std::string precision = "f32";
   int64_t memoryCapMb = 0;

@@ -259,6 +259,11 @@ void Trainer::setupData() {
     cfg_.fail("train.batch_size", "the global batch must divide evenly over the " + std::to_string(world_->size()) +
                                       " ranks");
   localBatch_ = s_.globalBatch / world_->size();
+  if (localBatch_ % s_.gradAccum != 0)
+    cfg_.fail("train.grad_accum_steps", "each rank's " + std::to_string(localBatch_) + " rows per step (train.batch_size " +
+                                            std::to_string(s_.globalBatch) + " over " + std::to_string(world_->size()) +
+                                            " ranks) must divide into " + std::to_string(s_.gradAccum) + " micro-batches");
+  microBatch_ = localBatch_ / s_.gradAccum;
   file_ = std::make_unique<H5File>(H5File::open(s_.dataPath, s_.locking));
   if (tokens()) {
     trainTokens_ = std::make_unique<TokenDataset>(*file_, s_.trainSplit, s_.gpt.maxT, world_->size());
@@ -307,7 +312,7 @@ void Trainer::setupData() {
     trainSource_ = std::make_unique<ImageSource>(*train_);
   }
   LoaderOptions lo = s_.loader;
-  lo.batchSize = localBatch_;
+  lo.batchSize = microBatch_;  // the loader hands out micro-batches
   Allocator* host = &cpuAllocator();
 #ifdef MT_WITH_CUDA
   if (device_.isCuda()) {
@@ -326,8 +331,11 @@ void Trainer::setupData() {
                   << (s_.feed == FeedMode::kDevice ? ", " + formatBytes(feed_->residentBytes()) + " resident on the GPU"
                                                     : std::string());
   }
-  totalSteps_ = s_.maxSteps > 0 ? s_.maxSteps : s_.epochs * loader_->batchesPerEpoch();
+  totalSteps_ = s_.maxSteps > 0 ? s_.maxSteps : s_.epochs * stepsPerEpoch();
 }
+
+// Optimizer steps per epoch: the loader's batches are micro-batches.
+int64_t Trainer::stepsPerEpoch() const { return std::max<int64_t>(1, loader_->batchesPerEpoch() / s_.gradAccum); }
 
 void Trainer::setupModel() {
   const ModelConfig& mc = s_.model;
@@ -432,7 +440,8 @@ void Trainer::resumeIfAny() {
     MT_LOG_INFO << "run directory " << runDir_ << " holds a finished run (" << totalSteps_ << " steps, " << path
                 << "): nothing to train, evaluating it" << howTo;
   startStep_ = st.step;
-  loader_->seek(st.loaderSeq);
+  // loader_seq counts global batches of train.batch_size rows (any grad_accum_steps).
+  loader_->seek(st.loaderSeq * s_.gradAccum);
   if (scaler_ && st.lossScale > 0) scaler_->setState(st.lossScale, st.scalerClean);
   resumed_ = true;
   if (world_->rank() == 0)
@@ -442,7 +451,7 @@ void Trainer::resumeIfAny() {
 void Trainer::saveCheckpoint(int64_t stepsDone) {
   TrainState st;
   st.step = stepsDone;
-  st.loaderSeq = loader_->position();
+  st.loaderSeq = loader_->position() / s_.gradAccum;  // saved at step ends: a whole number
   st.seed = s_.seed;
   if (scaler_) {
     st.lossScale = scaler_->scale();
@@ -453,18 +462,28 @@ void Trainer::saveCheckpoint(int64_t stepsDone) {
               /*writes=*/!engine_ || engine_->isReplicaWriter());
 }
 
-LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
+LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
+  const int K = static_cast<int>(micro.size());
   Context ctx;
   ctx.training = true;
   ctx.device = device_;
   ctx.seed = s_.seed;  // per-sample streams (ctx.sampleIds): no rank in the seed
   ctx.step = step;
-  ctx.sampleIds = batch.sampleIds.empty() ? nullptr : &batch.sampleIds;
   ctx.lossScale = scaler_ ? scaler_->scale() : 1.f;
   ctx.keepWeightCasts = !engine_;  // sharding frees gathered weights between forward and backward
   model_->params().zeroGrads();
   if (engine_) engine_->beginStep();
-  Batch onDevice = toDevice(batch);
+  // With micro-batches every pass takes the mean over all of the step's rows on this rank, so the
+  // accumulated gradient is the one batch's (a mean of means would weigh rows unequally where
+  // targets are ignored).
+  int64_t stepRows = -1;
+  if (K > 1) {
+    stepRows = 0;
+    for (const Batch& b : micro)
+      stepRows += b.validTargets >= 0        ? b.validTargets
+                  : b.targets.device().isCpu() ? countValidTargets(b.targets)
+                                               : countValidTargets(b.targets.to(Device::cpu()));
+  }
   Stopwatch compute;
 #ifdef MT_WITH_CUDA
   if (device_.isCuda()) {
@@ -472,14 +491,27 @@ LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
     gpuTimers_->start.record(currentStream());
   }
 #endif
-  LossStats stats = model_->forward(onDevice, ctx);
-  activationPeak_ = std::max(activationPeak_, model_->activationBytes());
-  const int64_t backwardStartUs = wallMicros();
-  if (dp_) {
-    dp_->reducer().beginStep(step);
-    dp_->beginBackward(true);
+  LossStats stats;
+  int64_t backwardStartUs = 0;
+  for (int k = 0; k < K; ++k) {
+    const bool last = k + 1 == K;
+    Batch onDevice = toDevice(micro[static_cast<size_t>(k)]);
+    ctx.sampleIds = onDevice.sampleIds.empty() ? nullptr : &onDevice.sampleIds;
+    const LossStats s = model_->forward(onDevice, ctx, stepRows);
+    stats.lossSum += s.lossSum;
+    stats.correct += s.correct;
+    stats.count += s.count;
+    activationPeak_ = std::max(activationPeak_, model_->activationBytes());
+    backwardStartUs = wallMicros();
+    if (dp_) {
+      if (last) dp_->reducer().beginStep(step);
+      dp_->beginBackward(/*sync=*/last);  // earlier micro-steps only accumulate: no bucket launches
+    }
+    if (engine_) engine_->setMicroStep(k, K);
+    model_->backward(ctx);
+    if (dp_) dp_->finishBackward();
+    if (engine_) engine_->finishBackward();
   }
-  model_->backward(ctx);
   intervalCompute_ += compute.elapsed();
 #ifdef MT_WITH_CUDA
   if (gpuTimers_) {
@@ -487,8 +519,6 @@ LossStats Trainer::trainStep(const Batch& batch, int64_t step) {
     gpuTimers_->recorded = true;
   }
 #endif
-  if (dp_) dp_->finishBackward();
-  if (engine_) engine_->finishBackward();
   if (trace_) writeTrace(step, backwardStartUs);
   bool apply = true;
   if (scaler_) {
@@ -579,10 +609,11 @@ EvalResult Trainer::evaluate() {
     ctx.training = false;
     ctx.device = device_;
     const int64_t perRank = std::max<int64_t>(1, testTokens_->size() / W);
-    const int64_t batches = std::min<int64_t>(s_.evalBatches, std::max<int64_t>(1, perRank / localBatch_));
+    // train.eval_batches of this rank's step rows, in micro-batches (the activation memory of one).
+    const int64_t batches = std::min<int64_t>(s_.evalBatches, std::max<int64_t>(1, perRank / localBatch_)) * s_.gradAccum;
     for (int64_t k = 0; k < batches; ++k) {
       std::vector<int64_t> idx;
-      for (int64_t i = 0; i < localBatch_; ++i) idx.push_back((r + W * (k * localBatch_ + i)) % testTokens_->size());
+      for (int64_t i = 0; i < microBatch_; ++i) idx.push_back((r + W * (k * microBatch_ + i)) % testTokens_->size());
       LossStats s = model_->forward(toDevice(src.collate(idx, &cache, cpuAllocator())), ctx);
       if (engine_) engine_->releaseAll();
       total.lossSum += s.lossSum;
@@ -638,8 +669,8 @@ void Trainer::logStep(int64_t step, const LossStats& local, double intervalSecon
   const double sps = intervalSeconds > 0 ? static_cast<double>(intervalSteps * s_.globalBatch) / intervalSeconds : 0.0;
   const double stepTime = intervalSteps > 0 ? intervalSeconds / static_cast<double>(intervalSteps) : 0.0;
   const double eta = stepTime * static_cast<double>(totalSteps_ - step - 1);
-  const LoaderPosition pos = loader_->positionOf(step);
-  const int64_t epochs = (totalSteps_ + loader_->batchesPerEpoch() - 1) / loader_->batchesPerEpoch();
+  const LoaderPosition pos = loader_->positionOf(step * s_.gradAccum);
+  const int64_t epochs = (totalSteps_ + stepsPerEpoch() - 1) / stepsPerEpoch();
   const double waitPct = intervalSeconds > 0 ? 100.0 * waitSeconds / intervalSeconds : 0.0;
   char line[320];
   double tps = 0, mfu = 0;
@@ -714,13 +745,16 @@ int Trainer::run() {
   int64_t step = startStep_;
   bool preempted = false;
   for (; step < totalSteps_; ++step) {
-    Batch batch = feed_ ? feed_->next() : loader_->next();
-    intervalWait += feed_ ? feed_->lastWaitSeconds() : loader_->lastWaitSeconds();
+    std::vector<Batch> micro;
+    for (int64_t k = 0; k < s_.gradAccum; ++k) {
+      micro.push_back(feed_ ? feed_->next() : loader_->next());
+      intervalWait += feed_ ? feed_->lastWaitSeconds() : loader_->lastWaitSeconds();
+    }
     const bool first = step == startStep_;
     if (first && world_->rank() == 0)
       MT_LOG_INFO << "step " << step + 1 << " of " << totalSteps_ << " (the first also makes the allocations and kernel plans)";
     Stopwatch firstStep;
-    LossStats stats = trainStep(batch, step);
+    LossStats stats = trainStep(micro, step);
     if (first) {
       if (world_->rank() == 0) MT_LOG_INFO << "first step done in " << firstStep.elapsed() << " s";
       logMemory(step + 1);
@@ -733,7 +767,7 @@ int Trainer::run() {
       intervalSteps = 0;
       intervalWait = 0.0;
     }
-    const bool epochEnd = (step + 1) % loader_->batchesPerEpoch() == 0;
+    const bool epochEnd = (step + 1) % stepsPerEpoch() == 0;
     const bool evalNow = s_.evalInterval > 0 ? (step + 1) % s_.evalInterval == 0 : epochEnd;
     if (s_.checkpointInterval > 0 && (step + 1) % s_.checkpointInterval == 0 && step + 1 < totalSteps_)
       saveCheckpoint(step + 1);

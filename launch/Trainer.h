@@ -61,7 +61,8 @@ class Trainer {
   void resumeIfAny();
   void saveCheckpoint(int64_t stepsDone);
   // One optimizer step on one global batch; returns this rank's loss statistics.
-  LossStats trainStep(const Batch& batch, int64_t step);
+  // One optimizer step over train.grad_accum_steps micro-batches (their gradients accumulate).
+  LossStats trainStep(const std::vector<Batch>& micro, int64_t step);
   EvalResult evaluate();
   void logStep(int64_t step, const LossStats& local, double intervalSeconds, int64_t intervalSteps,
                double waitSeconds);
@@ -74,7 +75,9 @@ class Trainer {
   LaunchInfo launch_;
   std::string runDir_;
   Device device_ = Device::cpu();
-  int64_t localBatch_ = 0;
+  int64_t localBatch_ = 0;  // this rank's rows per optimizer step
+  int64_t microBatch_ = 0;  // rows per forward/backward pass: localBatch_ / train.grad_accum_steps
+  int64_t stepsPerEpoch() const;
   int64_t totalSteps_ = 0;
 
 #ifdef MT_WITH_CUDA

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "comm/CompressionOps.h"
 #include "core/Log.h"
 #include "models/optim/GradClip.h"
 
@@ -34,6 +35,22 @@ const char* shardStrategyName(ShardStrategy s) {
 namespace {
 
 // dst <- src with conversion (f32 <-> bf16/f16), same numel, same device.
+void convertInto(Tensor& dst, const Tensor& src);
+
+// shard += more (a later micro-step's reduced gradient), in f32 whatever the reduce dtype.
+void accumulateShard(Tensor& shard, const Tensor& more) {
+  if (shard.dtype() == DType::kF32) {
+    addInto(shard, more);
+    return;
+  }
+  Tensor a = Tensor::empty(shard.shape(), DType::kF32, shard.device());
+  Tensor b = Tensor::empty(more.shape(), DType::kF32, more.device());
+  convertInto(a, shard);
+  convertInto(b, more);
+  addInto(a, b);
+  convertInto(shard, a);
+}
+
 void convertInto(Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype()) {
     dst.copyFrom(src);
@@ -262,20 +279,41 @@ void ShardedEngine::afterUnitBackward(int ui) {
     convertInto(low, u.gradFull);
     u.gradFull = low;  // kept alive until its reduce-scatter completes
   }
-  u.reduceWork = shardComm_.reduceScatter(u.gradFull, u.gradShard, ReduceOp::kAvg);
+  Tensor* dst = &u.gradShard;
+  if (microStep_ > 0) {
+    if (!u.gradScratch.defined()) u.gradScratch = Tensor::empty({u.shard}, u.gradShard.dtype(), device_);
+    dst = &u.gradScratch;
+  }
+  u.reduceWork = shardComm_.reduceScatter(u.gradFull, *dst, ReduceOp::kAvg);
   release(ui);
+}
+
+void ShardedEngine::setMicroStep(int k, int count) {
+  MT_CHECK(count >= 1 && k >= 0 && k < count, "micro-step ", k, " of ", count);
+  microStep_ = k;
+  microSteps_ = count;
 }
 
 void ShardedEngine::finishBackward() {
   inBackward_ = false;
+  const bool lastMicroStep = microStep_ + 1 >= microSteps_;
   for (auto& u : units_) {
     if (u.reduceWork) {
       u.reduceWork->wait(shardComm_.timeout());
       u.reduceWork = nullptr;
     }
     u.gradFull = Tensor();
-    if (replicaComm_) replicaComm_->allReduce(u.gradShard, ReduceOp::kAvg)->wait(replicaComm_->timeout());
+    if (microStep_ > 0) accumulateShard(u.gradShard, u.gradScratch);
+    if (replicaComm_ && lastMicroStep)
+      replicaComm_->allReduce(u.gradShard, ReduceOp::kAvg)->wait(replicaComm_->timeout());
   }
+  if (!lastMicroStep) {
+    trackGathered();
+    return;
+  }
+  microStep_ = 0;
+  microSteps_ = 1;
+  for (auto& u : units_) u.gradScratch = Tensor();
   if (opt_.offloadCpu) {
     // Gradient shards go down to the host, where the optimizer runs (converted to f32 there).
     for (auto& u : units_) {

@@ -75,6 +75,11 @@ class ShardedEngine final : public ModelHooks {
   // After backward: waits for the gradient reductions; gradients of the shards are then the
   // average over all ranks.
   void finishBackward();
+  // Gradient accumulation: the backward that follows is micro-step k of `count` in this optimizer
+  // step. After the first, reduce-scatters land in a scratch shard that finishBackward() adds to
+  // the unit's gradient shard (FSDP's accumulation of sharded gradients); the replica all-reduce
+  // (hybrid_shard) and the offload copy run after the last micro-step only.
+  void setMicroStep(int k, int count);
   // Global gradient norm over all shards (sum of squares all-reduced), clipping when maxNorm > 0.
   double clipGradNorm(float maxNorm);
   // The optimizer step on the shards, then the gather copies refreshed.
@@ -110,6 +115,7 @@ class ShardedEngine final : public ModelHooks {
     std::shared_ptr<Work> gatherWork;
     bool gatherIssued = false;
     Tensor gradFull;     // f32 [numel] while its backward runs and its reduction is in flight
+    Tensor gradScratch;  // reduceDtype [shard]: a later micro-step's reduce-scatter (accumulation)
     std::shared_ptr<Work> reduceWork;
   };
 
@@ -120,6 +126,7 @@ class ShardedEngine final : public ModelHooks {
   int liveUnits() const;
   void trackGathered();
 
+  int microStep_ = 0, microSteps_ = 1;
   Model& model_;
   ParamTable& table_;
   Communicator& shardComm_;

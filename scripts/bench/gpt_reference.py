@@ -6,13 +6,16 @@ Also --export-losses: f32 losses of the first steps from given initial weights (
 import argparse
 import json
 import math
+import os
+import sys
 import time
 
-import h5py
-import numpy as np
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "lib"))
+from pydeps import require  # noqa: E402
+
+h5py, np, torch = require("gpt_reference.py", "h5py", "numpy", "torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 class Block(nn.Module):

@@ -67,18 +67,25 @@ class Slurm(unittest.TestCase):
         sh([CLUSTER, "stop"], timeout=60)
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def submit(self, script, tasks, extra_args, name):
+    def submit(self, script, tasks, extra_args, name, wrapper=False):
         runs = os.path.join(self.tmp, "runs")
-        env = ",".join(["ALL", f"MT_REPO={SRC}", f"MT_TRAINER={TRAINER}", f"MT_RUN_ROOT={runs}"])
-        p = sh(["sbatch", "--parsable", f"--job-name={name}", f"--ntasks-per-node={tasks}", *CPU_ONLY,
-                f"--output={self.tmp}/{name}-%j.out", f"--chdir={SRC}", f"--export={env}",
-                os.path.join(SRC, "scripts/slurm", script), *ARGS, *extra_args])
+        if wrapper:  # scripts/slurm/submit shapes the job (a CPU job here: no GPU gres asked for)
+            launcher = "mpirun" if "mpirun" in script else "srun"
+            p = sh([os.path.join(SRC, "scripts/slurm/submit"), "--launcher", launcher, "--tasks-per-node",
+                    str(tasks), "--time", "20", "--sbatch=--parsable", f"--sbatch=--job-name={name}",
+                    f"--sbatch=--output={self.tmp}/{name}-%j.out", f"--sbatch=--chdir={SRC}", *ARGS, *extra_args],
+                   env=dict(os.environ, MT_TRAINER=TRAINER, MT_RUN_ROOT=runs), cwd=SRC)
+        else:
+            env = ",".join(["ALL", f"MT_REPO={SRC}", f"MT_TRAINER={TRAINER}", f"MT_RUN_ROOT={runs}"])
+            p = sh(["sbatch", "--parsable", f"--job-name={name}", f"--ntasks-per-node={tasks}", *CPU_ONLY,
+                    f"--output={self.tmp}/{name}-%j.out", f"--chdir={SRC}", f"--export={env}",
+                    os.path.join(SRC, "scripts/slurm", script), *ARGS, *extra_args])
         self.assertEqual(p.returncode, 0, p.stderr)
         jid = int(p.stdout.strip().split(";")[0])
         return jid, os.path.join(runs, f"{name}-{jid}"), os.path.join(self.tmp, f"{name}-{jid}.out")
 
     def test_mpirun_job_completes(self):
-        jid, run_dir, out = self.submit("train_mpirun.sbatch", 4, ["--train.max_steps=200"], "mpirun4")
+        jid, run_dir, out = self.submit("train_mpirun.sbatch", 4, ["--train.max_steps=200"], "mpirun4", wrapper=True)
         f = wait_state(jid, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 600)
         log = open(out).read()
         self.assertEqual(f["JobState"], "COMPLETED", log[-3000:])

@@ -201,6 +201,17 @@ class ShortRun(unittest.TestCase):
             for key in ("loss", "lr", "samples_per_s", "data_wait_s", "epoch"):
                 self.assertIn(key, steps[0])
             self.assertEqual(records[-1]["type"], "final")
+            # Startup says what it is doing, with sizes, before the first progress line.
+            log = out + err
+            self.assertRegex(log, r"data \S+fashion_mnist\.h5: 60000 train and 10000 test 28x28x1 images, 10 classes; "
+                                  r"loading [\d.]+ MiB into memory")
+            self.assertRegex(log, r"data in memory after [\d.e-]+ s")
+            self.assertIn("building the mlp model on cpu", log)
+            self.assertIn("step 1 of 40 (the first also makes the allocations and kernel plans)", log)
+            self.assertRegex(log, r"first step done in [\d.e-]+ s")
+            self.assertLess(log.index("building the mlp model"), log.index("step 10/40"))
+            for key in ("allocated_bytes", "allocator_peak_bytes"):
+                self.assertGreater(steps[0][key], 0)
             ini = open(os.path.join(d, "short", "config.ini")).read()
             self.assertIn("[train]\nepochs = 10\nmax_steps = 40\n", ini)
             # The resolved config reproduces the run.

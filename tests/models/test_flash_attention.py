@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Flash attention kernels (models/kernels/FlashAttention.cu) against float64 attention and PyTorch
 SDPA on the GPU: every tile variant, bf16 and f16, head dims 32/64/128, T = 1, 17, 1000, 1024, 2048,
 split and fused-qkv layouts, outputs poisoned with NaN; relative L2 error < 1e-2 for O, dQ, dK, dV.
