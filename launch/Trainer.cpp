@@ -471,6 +471,8 @@ LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
   ctx.step = step;
   ctx.lossScale = scaler_ ? scaler_->scale() : 1.f;
   ctx.keepWeightCasts = !engine_;  // sharding frees gathered weights between forward and backward
+  // The loss is read back at log points only (run()): no host synchronisation inside the step.
+  ctx.deferLoss = true;
   model_->params().zeroGrads();
   if (engine_) engine_->beginStep();
   // With micro-batches every pass takes the mean over all of the step's rows on this rank, so the
@@ -497,10 +499,7 @@ LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
     const bool last = k + 1 == K;
     Batch onDevice = toDevice(micro[static_cast<size_t>(k)]);
     ctx.sampleIds = onDevice.sampleIds.empty() ? nullptr : &onDevice.sampleIds;
-    const LossStats s = model_->forward(onDevice, ctx, stepRows);
-    stats.lossSum += s.lossSum;
-    stats.correct += s.correct;
-    stats.count += s.count;
+    stats += model_->forward(onDevice, ctx, stepRows);
     activationPeak_ = std::max(activationPeak_, model_->activationBytes());
     backwardStartUs = wallMicros();
     if (dp_) {
@@ -532,7 +531,7 @@ LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
   if (apply) {
     if (s_.gradClip > 0.f) {
       if (engine_) engine_->clipGradNorm(s_.gradClip);
-      else clipGradNorm(optimizer_->segments(), s_.gradClip);
+      else clipGradNormInPlace(optimizer_->segments(), s_.gradClip);
     }
     if (engine_) engine_->step(schedule_.at(step));
     else optimizer_->step(schedule_.at(step));
@@ -755,12 +754,13 @@ int Trainer::run() {
       MT_LOG_INFO << "step " << step + 1 << " of " << totalSteps_ << " (the first also makes the allocations and kernel plans)";
     Stopwatch firstStep;
     LossStats stats = trainStep(micro, step);
+    const bool logNow = (step + 1) % s_.logInterval == 0 || step + 1 == totalSteps_;
+    if (first || logNow) stats = stats.resolved();  // (an out-of-range target is raised here)
     if (first) {
       if (world_->rank() == 0) MT_LOG_INFO << "first step done in " << firstStep.elapsed() << " s";
       logMemory(step + 1);
     }
     ++intervalSteps;
-    const bool logNow = (step + 1) % s_.logInterval == 0 || step + 1 == totalSteps_;
     if (logNow) {
       logStep(step, stats, interval.elapsed(), intervalSteps, intervalWait);
       interval.reset();

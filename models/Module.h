@@ -26,6 +26,9 @@ struct Context {
   // Layers keep their weights' reduced-precision casts from forward to backward (one cast per
   // step); off under sharding, which frees the gathered weights in between.
   bool keepWeightCasts = true;
+  // A model may return loss statistics still on the device (LossStats::pending) instead of
+  // reading them back at the end of forward: the trainer resolves them at log points only.
+  bool deferLoss = false;
 };
 
 class Module {

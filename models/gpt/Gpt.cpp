@@ -163,14 +163,16 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
     wteGradEarly_ = direct ? Tensor() : Tensor::zeros(wte_->value.shape(), DType::kF32, dev);
     wteGrad = direct ? wte_->grad : wteGradEarly_;
   }
-  LossSink sink(dev);
+  if (!dev.isCpu() && (!badTarget_.defined() || badTarget_.device() != dev))
+    badTarget_ = Tensor::zeros({1}, DType::kI32, dev);
+  auto sink = std::make_shared<LossSink>(dev, dev.isCpu() ? Tensor() : badTarget_);
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
     Tensor z = logits.narrow(0, 0, rows);
     Tensor xfChunk = xf.narrow(0, r0, rows);
     linearForward(z, xfChunk, wteOp, nullptr);
     softmaxCrossEntropy(z, flatTargets.narrow(0, r0, rows), ctx.training ? &z : nullptr, ctx.lossScale, valid,
-                        cfg_.vocab, &sink);
+                        cfg_.vocab, sink.get());
     if (ctx.training) {
       Tensor dxChunk = dxf_.narrow(0, r0, rows);
       linearBackward(&dxChunk, wteGrad, nullptr, z, xfChunk, wteOp);
@@ -182,7 +184,12 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
     T_ = T;
   }
   hookAfter(0, false);
-  return sink.finish();
+  if (ctx.deferLoss && !dev.isCpu()) {  // read back at the trainer's next log point
+    LossStats s;
+    s.pending.push_back(sink);
+    return s;
+  }
+  return sink->finish();
 }
 
 void Gpt::backward(Context& ctx) {

@@ -77,6 +77,7 @@ class Gpt final : public Model {
   Tensor tokens_;
   Tensor dxf_;        // the classifier's input gradient, made in forward
   Tensor wteGradEarly_;  // wte's classifier gradient, where it cannot go into wte->grad in forward
+  Tensor badTarget_;     // i32 [1] on the GPU, set by any batch's out-of-range target (sticky)
   int64_t B_ = 0, T_ = 0;
 };
 

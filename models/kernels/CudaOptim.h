@@ -16,6 +16,8 @@ double sumOfSquares(const Tensor& t);
 // Over every segment's gradient in a few multi-tensor launches and one host synchronisation.
 double sumOfSquares(const std::vector<OptimSegment>& segments);
 void scaleGrads(const std::vector<OptimSegment>& segments, float factor);
+// clipGradNorm without reading the norm back: the factor is computed and applied on the device.
+void clipGradNormOnDevice(const std::vector<OptimSegment>& segments, float maxNorm);
 void scaleInPlace(const Tensor& t, float factor);
 // Whether any element of the f32 device tensors is inf or nan.
 bool anyNonFinite(const std::vector<Tensor>& ts);

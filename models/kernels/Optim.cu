@@ -176,6 +176,25 @@ __global__ void scaleMulti(SegTable t, float f) {
   }
 }
 
+// The clip factor computed on the device from the total sum of squares (as clipGradNorm does on
+// the host: coef = maxNorm / (sqrt(sq) + 1e-6) in double, applied in float when below 1).
+__global__ void clipScaleMulti(SegTable t, const double* sq, float maxNorm) {
+  const double coef = static_cast<double>(maxNorm) / (sqrt(*sq) + 1e-6);
+  if (coef >= 1.0) return;
+  const float f = static_cast<float>(coef);
+  const int s = segmentOf(t, blockIdx.x);
+  const int64_t base = static_cast<int64_t>(blockIdx.x - t.blockStart[s]) * kChunk;
+  const int64_t end = min(t.n[s], base + kChunk);
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    if (t.gBf16[s]) {
+      __nv_bfloat16* g = static_cast<__nv_bfloat16*>(const_cast<void*>(t.g[s]));
+      g[i] = __float2bfloat16_rn(__bfloat162float(g[i]) * f);
+    } else {
+      static_cast<float*>(const_cast<void*>(t.g[s]))[i] *= f;
+    }
+  }
+}
+
 template <typename T>
 __global__ void nonFiniteKernel(const T* x, int64_t n, int* flag) {
   MT_GRID_STRIDE(i, n) {
@@ -222,6 +241,41 @@ double sumOfSquares(const Tensor& t) {
   CUDA_CHECK(cudaMemcpyAsync(&out, part.data<double>() + blocks, sizeof(double), cudaMemcpyDeviceToHost, currentStream()));
   CUDA_CHECK(cudaStreamSynchronize(currentStream()));
   return out;
+}
+
+namespace {
+// The sum of squares of every segment's gradient into the device double it returns (multi-tensor
+// partials, one sum per launch table, then the total); `part` keeps the scratch alive.
+const double* sumOfSquaresOnDevice(const std::vector<OptimSegment>& segs, Tensor& part) {
+  int64_t blocks = 0;
+  for (const auto& sg : segs) blocks += (sg.grad.numel() + kChunk - 1) / kChunk;
+  const int64_t tables = (static_cast<int64_t>(segs.size()) + kMaxSegs - 1) / kMaxSegs;
+  part = Tensor::zeros({blocks + tables + 1}, DType::kF64, segs[0].grad.device());
+  double* pp = part.data<double>();
+  if (blocks == 0) return pp + blocks + tables;
+  const std::vector<int64_t> offsets(segs.size(), 0);
+  int64_t first = 0, table = 0;
+  forEachTable(segs, offsets, nullptr, nullptr, 0.f, [&](const SegTable& t, int tableBlocks) {
+    sumSqMulti<<<tableBlocks, 256, 0, currentStream()>>>(t, pp + first);
+    sumFinal<<<1, 256, 0, currentStream()>>>(pp + first, tableBlocks, pp + blocks + table);
+    first += tableBlocks;
+    ++table;
+  });
+  sumFinal<<<1, 256, 0, currentStream()>>>(pp + blocks, table, pp + blocks + tables);
+  checkLaunch();
+  return pp + blocks + tables;
+}
+}  // namespace
+
+void clipGradNormOnDevice(const std::vector<OptimSegment>& segs, float maxNorm) {
+  if (segs.empty()) return;
+  Tensor part;
+  const double* total = sumOfSquaresOnDevice(segs, part);
+  const std::vector<int64_t> offsets(segs.size(), 0);
+  forEachTable(segs, offsets, nullptr, nullptr, 0.f, [&](const SegTable& t, int blocks) {
+    clipScaleMulti<<<blocks, 256, 0, currentStream()>>>(t, total, maxNorm);
+    checkLaunch();
+  });
 }
 
 double sumOfSquares(const std::vector<OptimSegment>& segs) {

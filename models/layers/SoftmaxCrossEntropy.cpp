@@ -15,10 +15,28 @@ inline int64_t targetAt(const Tensor& t, int64_t i) {
 }
 }  // namespace
 
-LossSink::LossSink(Device d) {
+LossStats& LossStats::operator+=(const LossStats& o) {
+  lossSum += o.lossSum;
+  correct += o.correct;
+  count += o.count;
+  pending.insert(pending.end(), o.pending.begin(), o.pending.end());
+  return *this;
+}
+
+LossStats LossStats::resolved() const {
+  LossStats s;
+  s.lossSum = lossSum, s.correct = correct, s.count = count;
+  for (const auto& p : pending) {
+    const LossStats r = p->finish();
+    s.lossSum += r.lossSum, s.correct += r.correct, s.count += r.count;
+  }
+  return s;
+}
+
+LossSink::LossSink(Device d, Tensor badFlag) {
   if (!d.isCpu()) {
     sums = Tensor::zeros({3}, DType::kF64, d);
-    bad = Tensor::zeros({1}, DType::kI32, d);
+    bad = badFlag.defined() ? badFlag : Tensor::zeros({1}, DType::kI32, d);
   }
 }
 

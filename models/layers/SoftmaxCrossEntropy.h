@@ -6,16 +6,26 @@
 
 #include <cstdint>
 
+#include <memory>
+#include <vector>
+
 #include "core/Device.h"
 #include "core/Tensor.h"
 
 namespace mt {
 
+class LossSink;
+
 struct LossStats {
   double lossSum = 0.0;  // sum over valid rows of -log p[target]
   int64_t correct = 0;
   int64_t count = 0;     // valid rows
+  // Sums still on the GPU (a forward under Context::deferLoss): part of these statistics until
+  // resolved() reads them back (the one host synchronisation, at a log point).
+  std::vector<std::shared_ptr<LossSink>> pending;
   double meanLoss() const { return count ? lossSum / static_cast<double>(count) : 0.0; }
+  LossStats& operator+=(const LossStats& o);
+  LossStats resolved() const;  // these statistics with every pending sum read back
 };
 
 constexpr int64_t kIgnoreIndex = -100;  // PyTorch's default ignore_index
@@ -25,7 +35,10 @@ constexpr int64_t kIgnoreIndex = -100;  // PyTorch's default ignore_index
 // An out-of-range target found in any chunk is raised by finish().
 class LossSink {
  public:
-  explicit LossSink(Device d);
+  // badFlag (optional, i32 [1] on d): a flag of the caller's that stays set across batches, so an
+  // out-of-range target in a batch whose statistics are never read is still raised at the next
+  // finish() of any batch.
+  explicit LossSink(Device d, Tensor badFlag = Tensor());
   LossStats finish();
 
   // Filled by softmaxCrossEntropy: device sums (f64 loss, correct, count) and the bad-target flag

@@ -81,6 +81,16 @@ void scaleGrads(const std::vector<OptimSegment>& segments, float factor) {
   }
 }
 
+void clipGradNormInPlace(const std::vector<OptimSegment>& segments, float maxNorm) {
+#ifdef MT_WITH_CUDA
+  if (allCuda(segments) && maxNorm > 0.f) {
+    cuda::clipGradNormOnDevice(segments, maxNorm);
+    return;
+  }
+#endif
+  clipGradNorm(segments, maxNorm);
+}
+
 double clipGradNorm(const std::vector<OptimSegment>& segments, float maxNorm,
                     const std::function<double(double)>& allReduceSum) {
   double sq = sumOfSquares(segments);

@@ -16,5 +16,10 @@ void scaleGrads(const std::vector<OptimSegment>& segments, float factor);
 // Returns the norm before clipping. maxNorm <= 0 only measures.
 double clipGradNorm(const std::vector<OptimSegment>& segments, float maxNorm,
                     const std::function<double(double)>& allReduceSum = nullptr);
+// The same clipping of replicated gradients (no cross-rank sum) without returning the norm: on the
+// GPU the norm never leaves the device, so the step has no host synchronisation here (reading it
+// back made the CPU wait for backward and the GPU then wait for the CPU: 17 ms of a 134 ms GPT-2
+// step on the H200, 2026-12-03).
+void clipGradNormInPlace(const std::vector<OptimSegment>& segments, float maxNorm);
 
 }  // namespace mt

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -345,6 +346,30 @@ TEST(GpuParity, OptimizersAndGradUtilities) {
     EXPECT_NEAR(clipGradNorm(dev, 1.f), clipGradNorm(cpu, 1.f), 1e-6);
     EXPECT_LT(relErr(dev[7].grad, cpu[7].grad), 1e-6);
     EXPECT_LT(relErr(dev[55].grad, cpu[55].grad), 1e-6);  // in the second launch table
+  }
+}
+
+// The sync-free clip (factor computed on the device) scales exactly as the host path does, and
+// leaves gradients whose norm is under the bound alone.
+TEST(GpuParity, ClipInPlaceMatchesHostClip) {
+  for (float maxNorm : {1.f, 1e6f}) {
+    std::vector<OptimSegment> host, dev;
+    for (int i = 0; i < 60; ++i) {  // two launch tables
+      const int64_t n = 1 + (i * 611) % 7000;
+      Tensor p = randomTensor({n}, 300 + i), g = randomTensor({n}, 400 + i);
+      host.push_back({gpu(p), gpu(g), true});
+      dev.push_back({gpu(p), gpu(g), true});
+    }
+    Tensor before = dev[55].grad.to(Device::cpu());
+    clipGradNorm(host, maxNorm);  // reads the norm back, scales on the host's factor
+    clipGradNormInPlace(dev, maxNorm);
+    for (size_t i = 0; i < dev.size(); ++i) {
+      Tensor a = dev[i].grad.to(Device::cpu()), b = host[i].grad.to(Device::cpu());
+      ASSERT_EQ(0, std::memcmp(a.rawData(), b.rawData(), a.nbytes())) << "segment " << i << " max " << maxNorm;
+    }
+    Tensor after = dev[55].grad.to(Device::cpu());
+    if (maxNorm > 1e5f) EXPECT_EQ(0, std::memcmp(before.rawData(), after.rawData(), before.nbytes()));
+    else EXPECT_GT(relErr(after, before), 0.5);  // the norm of ~190k uniform values is far above 1
   }
 }
 
