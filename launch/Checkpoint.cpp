@@ -217,6 +217,7 @@ std::string CheckpointManager::save(const TrainState& st, Optimizer& opt, const 
       for (size_t i = 0; i < table.size(); ++i)
         params.push_back({{"name", table[i].name}, {"shape", table[i].shape}, {"offset", table[i].offset}});
       j["params"] = params;
+      if (!architecture_.empty()) j["architecture"] = nlohmann::json::parse(architecture_);
       j["files"] = nlohmann::json::array();
       for (int q = 0; q < W; ++q)
         j["files"].push_back({{"name", "rank" + std::to_string(q) + ".h5"},
@@ -372,6 +373,8 @@ void CheckpointManager::exportConsolidated(const std::string& path, const std::s
   w.writeStringAttribute("/", "format", "meshtrain-parameters");
   w.writeStringAttribute("/", "source", path);
   w.writeIntAttribute("/", "step", meta.value("step", int64_t{0}));
+  // What a reader needs to rebuild the model from this file alone (docs/data-format.md).
+  if (meta.contains("architecture")) w.writeStringAttribute("/", "architecture", meta["architecture"].dump());
   for (const auto& p : meta["params"]) {
     Shape shape = p["shape"].get<Shape>();
     Tensor t = flat.flatSlice(p["offset"].get<int64_t>(), shapeNumel(shape)).view(shape).clone();

@@ -54,10 +54,13 @@ class CheckpointManager {
   // One HDF5 file with every parameter whole (/params/<name>, f32) from a checkpoint of any
   // world size and strategy. Not collective.
   static void exportConsolidated(const std::string& path, const std::string& out);
+  // The model's architecture (launch/Architecture.h, JSON), recorded in every checkpoint from now.
+  void setArchitecture(std::string json) { architecture_ = std::move(json); }
 
  private:
   static void verifyMeta(const std::string& path, int64_t modelNumel);
   std::string dir_;
+  std::string architecture_;
   int keep_;
   Communicator& world_;
 };

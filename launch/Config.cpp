@@ -333,7 +333,8 @@ std::string configHelp() {
         "       trainer --devices       how many GPUs this build can use here\n"
         "       trainer topo --help     read an NCCL topology file (GPUs, NICs, rails, fabric)\n"
         "       trainer predict --help  the fabric cost model: step time and scaling per node count\n"
-        "       trainer export --help   a checkpoint's parameters as one HDF5 file\n"
+        "       trainer export --help   a checkpoint's parameters and architecture as one HDF5 file\n"
+        "       trainer plan --help     per-rank memory of a configuration, before allocating anything\n"
         "\nkeys (section.key = default: meaning):\n";
   for (const auto& k : configSchema()) os << "  " << k.key << " = " << k.defaultValue << "\n      " << k.help << "\n";
   return os.str();

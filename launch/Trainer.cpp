@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "comm/Compression.h"
+#include "launch/Architecture.h"
 #include "comm/MpiCommunicator.h"
 #include "core/Allocator.h"
 #include "core/EnvParams.h"
@@ -420,6 +421,11 @@ void Trainer::setupOptimizer() {
 
 void Trainer::resumeIfAny() {
   ckpt_ = std::make_unique<CheckpointManager>(s_.checkpointDir, static_cast<int>(s_.checkpointKeep), *world_);
+  {
+    const InputSpec images = tokens() ? InputSpec{} : train_->spec();
+    const GptConfig gpt = s_.gpt;
+    ckpt_->setArchitecture(describeArchitecture(*model_, tokens() ? nullptr : &images, tokens() ? &gpt : nullptr));
+  }
   ckpt_->prepare();
   if (s_.resume == "never") return;
   const std::string path = s_.resume == "auto" ? ckpt_->findLatestValid() : s_.resume;

@@ -4,6 +4,7 @@
 //   trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]   topology summary
 //   trainer predict --topo X.xml [--profile P] ...                       scaling prediction
 //   trainer export --checkpoint DIR --out FILE.h5                       consolidated parameters
+//   trainer plan --config X.ini [--ranks N] [--gpu-memory GIB]          memory plan per rank
 // Exit codes: 0 ok, 1 internal/library failure, 2 bad input (config, data), 3 lost peer/timeout.
 
 #include <mpi.h>
@@ -19,6 +20,7 @@
 #include "comm/MpiEnvironment.h"
 #include "core/EnvParams.h"
 #include "core/Log.h"
+#include "launch/Plan.h"
 #include "launch/Checkpoint.h"
 #include "launch/Config.h"
 #include "launch/Failure.h"
@@ -189,14 +191,19 @@ int exportCommand(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "topo" || args[0] == "predict" || args[0] == "export")) {
+  if (!args.empty() && (args[0] == "topo" || args[0] == "predict" || args[0] == "export" || args[0] == "plan")) {
     try {
       std::vector<std::string> rest(args.begin() + 1, args.end());
       if (wantsHelp(rest)) {
-        std::fputs(args[0] == "topo" ? kTopoUsage : args[0] == "predict" ? kPredictUsage : kExportUsage, stdout);
+        std::fputs(args[0] == "topo"      ? kTopoUsage
+                   : args[0] == "predict" ? kPredictUsage
+                   : args[0] == "plan"    ? mt::kPlanUsage
+                                          : kExportUsage,
+                   stdout);
         return 0;
       }
       if (args[0] == "export") return exportCommand(rest);
+      if (args[0] == "plan") return mt::planCommand(rest);
       return args[0] == "topo" ? topoCommand(rest) : predictCommand(rest);
     } catch (const mt::Error& e) {
       mt::writeLine(std::string("error: ") + e.what());

@@ -63,6 +63,20 @@ class Model {
   ModelHooks* hooks_ = nullptr;
 };
 
+// A memory plan's view of one training forward, made without allocating: the bytes kept for
+// backward by layer kind (and the loss), plus the largest transient of backward (a layer's input
+// gradient with its scratch) that the peak adds on top.
+struct ActivationPlan {
+  std::vector<std::pair<std::string, int64_t>> byKind;  // kind -> bytes, in first-seen order
+  int64_t transientBytes = 0;
+  int64_t total() const {
+    int64_t t = 0;
+    for (const auto& kv : byKind) t += kv.second;
+    return t;
+  }
+  void add(const std::string& kind, int64_t bytes);
+};
+
 // Layers in a chain, ending in softmax cross-entropy over the last layer's output. A unit is a
 // parameter-holding layer together with the parameter-free layers after it.
 class Sequential : public Model {
@@ -78,12 +92,18 @@ class Sequential : public Model {
   void clearActivations() override;
   size_t numModules() const { return modules_.size(); }
   Module& module(size_t i) { return *modules_[i]; }
+  const Module& module(size_t i) const { return *modules_[i]; }
+  const std::string& label(size_t i) const { return labels_[i]; }  // its parameters' prefix
   // Forward to the logits only (no loss), for inspection and tests.
   Tensor logits(const Tensor& inputs, Context& ctx);
+  // What a training forward of inputs of shape `in` keeps (f32 activations; tensors shared by two
+  // layers counted once), from each layer's cachePlan().
+  ActivationPlan planActivations(const Shape& in, const PlanContext& pc) const;
 
  private:
   std::string name_;
   std::vector<std::unique_ptr<Module>> modules_;
+  std::vector<std::string> labels_;
   std::vector<int> unitOf_;
   int nextUnit_ = 0;
   Tensor dlogits_;

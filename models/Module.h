@@ -31,10 +31,38 @@ struct Context {
   bool deferLoss = false;
 };
 
+// One hyper-parameter of a layer, as `trainer export` records it for a reader that rebuilds the
+// model (a number, or a word when `word` is not empty).
+struct LayerAttribute {
+  std::string key;
+  double number = 0.0;
+  std::string word;
+};
+using LayerAttributes = std::vector<LayerAttribute>;
+inline LayerAttribute attrNumber(std::string key, double v) { return {std::move(key), v, {}}; }
+inline LayerAttribute attrWord(std::string key, std::string v) { return {std::move(key), 0.0, std::move(v)}; }
+
+// What a layer keeps from forward for backward, for a memory plan made before anything is
+// allocated (`trainer plan`): whether it keeps its input or its output tensor (shared with the
+// neighbour that keeps the same one), and the bytes of anything else it keeps (masks, im2col).
+struct CachePlan {
+  bool input = false, output = false;
+  bool outputAliasesInput = false;  // a view (flatten): keeping the output keeps the input
+  int64_t extraBytes = 0;
+};
+struct PlanContext {
+  Device device = Device::cpu();
+  DType matmul = DType::kF32;  // the matmul dtype (bf16/f16 on the GPU in reduced precision)
+};
+
 class Module {
  public:
   virtual ~Module() = default;
+  // For an input of shape `in` (f32 activations, as the sequential models pass them).
+  virtual CachePlan cachePlan(const Shape& in, const PlanContext& pc) const { return {}; }
   virtual std::string kind() const = 0;
+  // Everything besides kind() and the parameters that decides what forward computes.
+  virtual LayerAttributes attributes() const { return {}; }
   // Registers this module's parameters under `prefix` (e.g. "fc1.weight"); called once.
   virtual void registerParams(ParamTable& table, const std::string& prefix) {}
   // Fills the registered parameters (PyTorch's default initialisation unless a model overrides).

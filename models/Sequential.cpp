@@ -1,5 +1,7 @@
 #include "models/Model.h"
 
+#include <algorithm>
+
 namespace mt {
 
 Module& Sequential::add(std::unique_ptr<Module> module, const std::string& label) {
@@ -9,6 +11,7 @@ Module& Sequential::add(std::unique_ptr<Module> module, const std::string& label
   module->setNeedsInputGrad(nextUnit_ > 0);  // only when a parameter layer comes before it
   if (!module->params().empty()) unit = nextUnit_++;
   unitOf_.push_back(unit);
+  labels_.push_back(label);
   modules_.push_back(std::move(module));
   return *modules_.back();
 }
@@ -60,6 +63,62 @@ void Sequential::backward(Context& ctx) {
 void Sequential::initParams(uint64_t seed) {
   Rng rng(seed, /*stream=*/0x1A17);
   for (auto& m : modules_) m->initParams(rng);
+}
+
+void ActivationPlan::add(const std::string& kind, int64_t bytes) {
+  for (auto& kv : byKind)
+    if (kv.first == kind) {
+      kv.second += bytes;
+      return;
+    }
+  byKind.emplace_back(kind, bytes);
+}
+
+ActivationPlan Sequential::planActivations(const Shape& in, const PlanContext& pc) const {
+  // act[i]: the tensor between module i-1 and module i (act[0] the batch, owned by the loader).
+  const size_t n = modules_.size();
+  std::vector<Shape> shape(n + 1);
+  std::vector<size_t> storage(n + 1);  // the act index whose storage act[i] is
+  std::vector<int64_t> firstKeeper(n + 1, -1);  // freed after that module's backward
+  std::vector<CachePlan> cache(n);
+  shape[0] = in;
+  storage[0] = 0;
+  ActivationPlan plan;
+  auto keep = [&](size_t j, size_t by) {
+    if (firstKeeper[j] < 0 || static_cast<int64_t>(by) < firstKeeper[j]) firstKeeper[j] = static_cast<int64_t>(by);
+  };
+  for (size_t i = 0; i < n; ++i) {
+    cache[i] = modules_[i]->cachePlan(shape[i], pc);
+    shape[i + 1] = modules_[i]->outputShape(shape[i]);
+    storage[i + 1] = cache[i].outputAliasesInput ? storage[i] : i + 1;
+    if (cache[i].input) keep(storage[i], i);
+    if (cache[i].output) keep(storage[i + 1], i);
+    if (cache[i].extraBytes) plan.add(modules_[i]->kind(), cache[i].extraBytes);
+  }
+  auto bytesOf = [&](size_t j) { return shapeNumel(shape[j]) * 4; };
+  for (size_t j = 1; j <= n; ++j)
+    if (firstKeeper[j] >= 0 && storage[j] == j) plan.add(modules_[j - 1]->kind(), bytesOf(j));
+  const int64_t dlogits = bytesOf(n);
+  plan.add("loss", dlogits);  // the logits' gradient, made in forward
+  // Backward, module by module in reverse: what is still kept (tensors whose first keeper has not
+  // run backward yet, extras of modules not yet run), the output gradient arriving, the input
+  // gradient made (layers after the first parameter layer), and a CPU convolution's im2col
+  // gradient (as large as its im2col buffer).
+  int64_t peak = plan.total(), firstParam = -1;
+  for (size_t i = 0; i < n && firstParam < 0; ++i)
+    if (!const_cast<Module&>(*modules_[i]).params().empty()) firstParam = static_cast<int64_t>(i);
+  for (size_t i = n; i-- > 0;) {
+    int64_t live = 0;
+    for (size_t j = 1; j <= n; ++j)
+      if (firstKeeper[j] >= 0 && storage[j] == j && firstKeeper[j] <= static_cast<int64_t>(i)) live += bytesOf(j);
+    for (size_t k = 0; k <= i; ++k) live += cache[k].extraBytes;
+    const bool dx = static_cast<int64_t>(i) > firstParam && !cache[i].outputAliasesInput;
+    const bool conv = modules_[i]->kind() == "conv2d" && pc.device.isCpu();
+    const int64_t now = live + bytesOf(i + 1) + (dx ? bytesOf(i) : 0) + (dx && conv ? cache[i].extraBytes : 0);
+    peak = std::max(peak, now);
+  }
+  plan.transientBytes = peak - plan.total();
+  return plan;
 }
 
 int64_t Sequential::activationBytes() const {

@@ -250,6 +250,31 @@ void Gpt::backward(Context& ctx) {
   hookAfter(0, true);
 }
 
+ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, const PlanContext& pc,
+                                    bool keepWeightCasts) {
+  const int64_t C = cfg.channels, L = cfg.layers, N = B * T, H = cfg.heads;
+  const bool low = pc.matmul != DType::kF32;
+  const int64_t a = low ? static_cast<int64_t>(dtypeSize(pc.matmul)) : 4;  // activations a GEMM reads
+  ActivationPlan p;
+  // Per block, as forward() keeps them: the f32 residual stream into ln1 and ln2 (with mean and
+  // rstd), the LayerNorm outputs the qkv and fc GEMMs read, qkv (attention's input), attention's
+  // output (the projection's input), fc's pre-activation and the GELU output fcProj reads.
+  p.add("residual (layernorm inputs)", L * (2 * N * C * 4 + 2 * 2 * N * 4));
+  p.add("layernorm outputs", L * 2 * N * C * a);
+  p.add("qkv", L * 3 * N * C * a);
+  const int64_t att = low ? B * H * ((T + 3) / 4 * 4) * 4 : B * H * T * T * 4;  // lse, or P [B,H,T,T]
+  p.add("attention", L * (N * C * a + att));
+  p.add("mlp (pre-activation, GELU output)", L * 2 * 4 * N * C * a);
+  if (low && keepWeightCasts) p.add("weight casts", L * 12 * C * C * a);
+  p.add("final layernorm + classifier gradient", N * C * 4 + 2 * N * 4 + N * C * a);
+  // Backward: the classifier's logits chunk exists in forward only; backward's largest
+  // temporaries are fc's input gradient, dpre and the dqkv / flash workspace of one block.
+  const int64_t chunk = std::min(cfg.classifierChunk, N);
+  p.transientBytes = std::max(chunk * cfg.paddedVocab * a + cfg.paddedVocab * C * a,
+                              N * 4 * C * a * 2 + N * 3 * C * a + (low ? N * C * 4 : 0));
+  return p;
+}
+
 int64_t Gpt::activationBytes() const {
   int64_t b = dxf_.defined() ? static_cast<int64_t>(dxf_.nbytes()) : 0;
   if (wteGradEarly_.defined()) b += static_cast<int64_t>(wteGradEarly_.nbytes());

@@ -56,6 +56,11 @@ class Gpt final : public Model {
   void backward(Context& ctx) override;
   void initParams(uint64_t seed) override;
   int64_t activationBytes() const override;
+  // What a training forward of B x T tokens keeps, without building or allocating anything: the
+  // bf16 path on the GPU in reduced precision, the f32 path (reference attention's T x T
+  // probabilities) otherwise. keepWeightCasts: Linear weights' casts kept for backward.
+  static ActivationPlan planActivations(const GptConfig& cfg, int64_t B, int64_t T, const PlanContext& pc,
+                                        bool keepWeightCasts);
   void clearActivations() override;
 
  private:

@@ -20,6 +20,11 @@ void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind);
 class ReLU : public Module {
  public:
   std::string kind() const override { return "relu"; }
+  CachePlan cachePlan(const Shape&, const PlanContext&) const override {
+    CachePlan p;
+    p.output = true;
+    return p;
+  }
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override;
   Shape outputShape(const Shape& in) const override { return in; }
@@ -34,6 +39,14 @@ class GELU : public Module {
  public:
   explicit GELU(GeluKind kind = GeluKind::kTanh) : kind_(kind) {}
   std::string kind() const override { return "gelu"; }
+  CachePlan cachePlan(const Shape&, const PlanContext&) const override {
+    CachePlan p;
+    p.input = true;
+    return p;
+  }
+  LayerAttributes attributes() const override {  // torch.nn.GELU(approximate=...)
+    return {attrWord("approximate", kind_ == GeluKind::kTanh ? "tanh" : "none")};
+  }
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override;
   Shape outputShape(const Shape& in) const override { return in; }

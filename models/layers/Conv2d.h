@@ -34,6 +34,22 @@ class Conv2d : public Module {
          bool bias = true)
       : layout_(layout), in_(in), out_(out), k_(kernel), stride_(stride), pad_(pad), hasBias_(bias) {}
   std::string kind() const override { return "conv2d"; }
+  CachePlan cachePlan(const Shape& in, const PlanContext& pc) const override {
+    CachePlan p;
+    p.input = true;
+    if (pc.device.isCpu()) {  // the im2col buffer (cuDNN needs none)
+      const Conv2dGeometry g = Conv2dGeometry::make(layout_, in, out_, k_, stride_, pad_);
+      p.extraBytes = g.positions() * g.K() * 4;
+    }
+    return p;
+  }
+  // weight [out, kernel, kernel, in] in NHWC, [out, in, kernel, kernel] in NCHW.
+  LayerAttributes attributes() const override {
+    return {attrNumber("in_channels", static_cast<double>(in_)), attrNumber("out_channels", static_cast<double>(out_)),
+            attrNumber("kernel", static_cast<double>(k_)),     attrNumber("stride", static_cast<double>(stride_)),
+            attrNumber("padding", static_cast<double>(pad_)),  attrNumber("bias", hasBias_ ? 1 : 0),
+            attrWord("layout", layout_ == Layout::kNCHW ? "nchw" : "nhwc")};
+  }
   void registerParams(ParamTable& table, const std::string& prefix) override;
   void initParams(Rng& rng) override;
   Tensor forward(const Tensor& x, Context& ctx) override;

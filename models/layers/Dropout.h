@@ -21,6 +21,12 @@ class Dropout : public Module {
  public:
   Dropout(float p, int layerId) : p_(p), layerId_(layerId) {}
   std::string kind() const override { return "dropout"; }
+  LayerAttributes attributes() const override { return {attrNumber("p", p_)}; }  // identity at inference
+  CachePlan cachePlan(const Shape& in, const PlanContext&) const override {
+    CachePlan p;
+    p.extraBytes = shapeNumel(in);  // u8 mask
+    return p;
+  }
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override;
   Shape outputShape(const Shape& in) const override { return in; }

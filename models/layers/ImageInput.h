@@ -18,6 +18,11 @@ class ImageInput : public Module {
  public:
   ImageInput(ImageOutput out, float mean, float stddev) : out_(out), mean_(mean), std_(stddev) {}
   std::string kind() const override { return "image_input"; }
+  // y = (x * scale - mean) / std on the file's u8 [N,H,W,C] images, then laid out as `output`.
+  LayerAttributes attributes() const override {
+    return {attrNumber("scale", 1.0 / 255.0), attrNumber("mean", mean_), attrNumber("std", std_),
+            attrWord("output", out_ == ImageOutput::kFlat ? "flat_hwc" : out_ == ImageOutput::kNCHW ? "nchw" : "nhwc")};
+  }
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override { return Tensor(); }
   Shape outputShape(const Shape& in) const override;
@@ -31,6 +36,11 @@ class ImageInput : public Module {
 class Flatten : public Module {
  public:
   std::string kind() const override { return "flatten"; }
+  CachePlan cachePlan(const Shape&, const PlanContext&) const override {
+    CachePlan p;
+    p.outputAliasesInput = true;
+    return p;
+  }
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override;
   Shape outputShape(const Shape& in) const override;

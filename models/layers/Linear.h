@@ -32,6 +32,17 @@ class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, bool bias = true) : in_(in), out_(out), hasBias_(bias) {}
   std::string kind() const override { return "linear"; }
+  // The input as the GEMM reads it: the f32 input itself, or its cast into the matmul dtype.
+  CachePlan cachePlan(const Shape& in, const PlanContext& pc) const override {
+    CachePlan p;
+    if (pc.matmul == DType::kF32) p.input = true;
+    else p.extraBytes = shapeNumel(in) * static_cast<int64_t>(dtypeSize(pc.matmul));
+    return p;
+  }
+  LayerAttributes attributes() const override {
+    return {attrNumber("in_features", static_cast<double>(in_)), attrNumber("out_features", static_cast<double>(out_)),
+            attrNumber("bias", hasBias_ ? 1 : 0)};
+  }
   void registerParams(ParamTable& table, const std::string& prefix) override;
   void initParams(Rng& rng) override;
   Tensor forward(const Tensor& x, Context& ctx) override;

@@ -24,6 +24,15 @@ class MaxPool2d : public Module {
  public:
   MaxPool2d(Layout layout, int64_t k, int64_t stride = 0) : layout_(layout), k_(k), stride_(stride ? stride : k) {}
   std::string kind() const override { return "maxpool2d"; }
+  CachePlan cachePlan(const Shape& in, const PlanContext&) const override {
+    CachePlan p;
+    p.extraBytes = shapeNumel(outputShape(in)) * 4;  // i32 argmax
+    return p;
+  }
+  LayerAttributes attributes() const override {
+    return {attrNumber("kernel", static_cast<double>(k_)), attrNumber("stride", static_cast<double>(stride_)),
+            attrWord("layout", layout_ == Layout::kNCHW ? "nchw" : "nhwc")};
+  }
   Tensor forward(const Tensor& x, Context& ctx) override;
   Tensor backward(const Tensor& dy, Context& ctx) override;
   Shape outputShape(const Shape& in) const override;

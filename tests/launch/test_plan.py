@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""`trainer plan`: the memory a configuration needs per rank, computed before anything is
+allocated, agrees with the allocator peak of real runs on the CPU within 15 % (MLP, CNN, tiny GPT,
+full_shard on 2 ranks, gradient accumulation), says whether it fits a given GPU, and names bad
+arguments."""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+TRAINER = os.environ["TRAINER"]
+FASHION = os.environ["FASHION_H5"]
+TOKENS = os.environ["TOKENS_H5"]
+SRC = os.environ["SOURCE_DIR"]
+MPI = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+
+
+def plan(config, data, *extra):
+    p = subprocess.run([TRAINER, "plan", "--config", os.path.join(SRC, "configs", config), f"--data.path={data}",
+                        "--json", *extra], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def measured(d, name, config, data, np, *extra):
+    cmd = ([] if np == 1 else MPI + ["-np", str(np)]) + [
+        TRAINER, "--config", os.path.join(SRC, "configs", config), f"--data.path={data}", "--train.max_steps=3",
+        f"--run.dir={d}", f"--run.name={name}", "--data.num_workers=1", *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    with open(os.path.join(d, name, "metrics.jsonl")) as f:
+        mem = [r for r in map(json.loads, f) if r["type"] == "memory"][0]
+    return max(mem["allocator_peak_bytes"])
+
+
+class Plan(unittest.TestCase):
+    def test_plan_matches_measured_cpu_runs(self):
+        cases = [("mlp", "fashion_mlp.ini", FASHION, 1, []),
+                 ("cnn", "fashion_cnn.ini", FASHION, 1, []),
+                 ("gpt", "gpt_tiny.ini", TOKENS, 1, []),
+                 ("mlp_full_shard", "fashion_mlp.ini", FASHION, 2, ["--sharding.strategy=full_shard"]),
+                 ("mlp_accum", "fashion_mlp.ini", FASHION, 1, ["--train.grad_accum_steps=4"])]
+        with tempfile.TemporaryDirectory() as d:
+            for name, config, data, np, extra in cases:
+                real = measured(d, name, config, data, np, *extra)
+                p = plan(config, data, "--ranks", str(np), *extra)
+                ratio = p["device_bytes"] / real
+                print(f"{name}: planned {p['device_bytes']} bytes, measured peak {real}: {ratio:.3f}")
+                self.assertLess(abs(ratio - 1), 0.15, name)
+                self.assertGreater(p["activation_bytes"], 0)
+        # Accumulation plans the micro-batch's activations: a quarter of the batch's.
+        whole, quarter = plan("fashion_mlp.ini", FASHION), plan("fashion_mlp.ini", FASHION, "--train.grad_accum_steps=4")
+        self.assertEqual(quarter["micro_batch"] * 4, whole["micro_batch"])
+        self.assertLess(quarter["activation_bytes"], 0.3 * whole["activation_bytes"])
+
+    def test_fits_and_sharding_and_offload(self):
+        gpt = ["--model.gpt_preset=d24", "--train.device=cuda", "--train.precision=bf16"]
+        p = subprocess.run([TRAINER, "plan", "--config", os.path.join(SRC, "configs/gpt_d12.ini"),
+                            f"--data.path={TOKENS}", "--model.vocab_size=50257", "--gpu-memory", "40", *gpt],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("does NOT fit a 40.0 GiB GPU", p.stdout)
+        self.assertIn("activations: mlp", p.stdout)
+        base = plan("gpt_d12.ini", TOKENS, "--model.vocab_size=50257", *gpt)
+        shard = plan("gpt_d12.ini", TOKENS, "--model.vocab_size=50257", "--ranks", "8", "--sharding.strategy=full_shard",
+                     *gpt)
+        off = plan("gpt_d12.ini", TOKENS, "--model.vocab_size=50257", "--ranks", "8", "--sharding.strategy=full_shard",
+                   "--sharding.offload=cpu", *gpt)
+        item = lambda pl, what: sum(i["bytes"] for i in pl["items"] if i["what"].startswith(what))
+        self.assertLess(item(shard, "optimizer"), item(base, "optimizer") / 7)
+        self.assertLess(off["device_bytes"], shard["device_bytes"])
+        self.assertGreater(off["host_bytes"], 0)
+        self.assertEqual(base["parameters"], 354871296)  # GPT-2 350M with the padded vocabulary
+
+    def test_bad_arguments_name_themselves(self):
+        for args, msg in ((["--ranks", "0"], "--ranks 0"), (["--ranks", "3"], "train.batch_size"),
+                          (["--data.path=/nonexistent.h5"], "/nonexistent.h5")):
+            p = subprocess.run([TRAINER, "plan", "--config", os.path.join(SRC, "configs/fashion_mlp.ini"),
+                                f"--data.path={FASHION}", *args], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, args)
+            self.assertIn(msg, p.stderr + p.stdout, args)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
