@@ -174,10 +174,15 @@ Config Config::defaults() {
 }
 
 Config Config::fromFile(const std::string& path, const std::map<std::string, std::string>& overrides) {
-  Config c = defaults();
-  c.source_ = path;
   std::ifstream in(path);
   if (!in) throw ConfigError("config error: cannot read config file " + path + ": " + std::strerror(errno));
+  return fromStream(in, path, overrides);
+}
+
+Config Config::fromStream(std::istream& in, const std::string& path,
+                          const std::map<std::string, std::string>& overrides) {
+  Config c = defaults();
+  c.source_ = path;
   po::options_description desc = makeDescription();
   po::variables_map vm;
   try {

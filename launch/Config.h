@@ -6,6 +6,7 @@
 // written to <run_dir>/config.ini so a run can be repeated exactly.
 
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <set>
 #include <string>
@@ -27,6 +28,9 @@ class Config {
   static Config fromArgs(const std::vector<std::string>& args);
   // Parses an INI file and overrides ("section.key" -> value). Throws ConfigError.
   static Config fromFile(const std::string& path, const std::map<std::string, std::string>& overrides = {});
+  // The same from INI text already read (`name` is what errors call it).
+  static Config fromStream(std::istream& in, const std::string& name,
+                           const std::map<std::string, std::string>& overrides = {});
   static Config defaults();
 
   std::string str(const std::string& key) const;

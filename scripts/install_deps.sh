@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs meshtrain's build and test dependencies from Debian 12 packages, only if missing.
-# Usage: scripts/install_deps.sh [--with-slurm]
+# Usage: scripts/install_deps.sh [--with-slurm] [--with-fuzz]
 set -euo pipefail
 
 packages=(
@@ -14,9 +14,13 @@ packages=(
   python3 python3-numpy python3-h5py python3-torch python3-matplotlib
   dataset-fashion-mnist
 )
-if [[ "${1:-}" == "--with-slurm" ]]; then
-  packages+=(slurm-wlm munge)
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --with-slurm) packages+=(slurm-wlm munge) ;;
+    --with-fuzz) packages+=(clang libclang-rt-14-dev) ;;  # libFuzzer and the sanitizers' runtimes
+    *) echo "install_deps: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -382,7 +382,9 @@ std::string Topology::json() const {
                          {"ports", ports}});
   }
   j["skipped"] = skipped_;
-  return j.dump(2);
+  // Names come from the file as bytes: invalid UTF-8 is replaced (U+FFFD), not thrown as a
+  // json type_error that no caller expects (found by tests/fuzz/fuzz_topo).
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace mt

@@ -139,3 +139,19 @@ TEST(Topology, FabricOverrideAndMasks) {
 
 }  // namespace
 }  // namespace mt
+
+// Found by tests/fuzz/fuzz_topo: a NIC name that is not UTF-8 made json() throw nlohmann's
+// type_error, which `trainer topo --json` did not catch (std::terminate, SIGABRT).
+TEST(Topology, NonUtf8NamesDoNotBreakTheJsonSummary) {
+  const std::string xml =
+      "<system version=\"1\"><cpu numaid=\"0\" affinity=\"ff\" arch=\"x86_64\" vendor=\"GenuineIntel\">"
+      "<pci busid=\"0000:01:00.0\" class=\"0x030200\" link_speed=\"32.0 GT/s PCIe\" link_width=\"16\">"
+      "<gpu dev=\"0\" sm=\"90\" rank=\"0\" gdr=\"1\"/></pci>"
+      "<pci busid=\"0000:02:00.0\" class=\"0x020700\" link_speed=\"32.0 GT/s PCIe\" link_width=\"16\">"
+      "<nic><net name=\"mlx5_\xa3\xff\" dev=\"0\" speed=\"400000\" port=\"1\" gdr=\"1\"/></nic></pci></cpu></system>";
+  mt::Topology t = mt::Topology::fromDocument(mt::parseTopologyXmlString(xml, "nonutf8.xml"));
+  std::string j;
+  ASSERT_NO_THROW(j = t.json());
+  EXPECT_NE(j.find("\xef\xbf\xbd"), std::string::npos) << j;  // U+FFFD in place of the bad bytes
+  EXPECT_NO_THROW(t.summary());
+}
