@@ -12,8 +12,8 @@
 // later), so the logits of one chunk exist at a time, not the whole batch's (6.6 GB at GPT-2
 // B=64). Loss statistics are summed on the GPU and read back once per forward, or left there
 // under Context::deferLoss (the trainer reads them at log points). On the GPU, activations that
-// feed a GEMM (LayerNorm, qkv, attention, fc and GELU outputs, and the gradients of every GEMM input) are in the matmul dtype as well; the
-// residual stream and its gradient stay f32 (LayerNorm backward also writes the gradient's copy in
+// feed a GEMM (LayerNorm, qkv, attention, fc and GELU outputs, and the gradients of every GEMM
+// input) are in the matmul dtype as well; the residual stream and its gradient stay f32 (LayerNorm backward also writes the gradient's copy in
 // the matmul dtype that the projection GEMMs read). The MLP's GELU is fused into the fc GEMM and
 // its derivative into fcProj's input-gradient GEMM (cuBLASLt epilogues). Backward accumulates into
 // Param::grad.
