@@ -6,17 +6,17 @@
 //   block l:  h = x + proj(attn(qkv(ln1(x)))),   x' = h + fc2(gelu(fc1(ln2(h))))
 //   logits = lnf(x_L) wte^T,   loss = mean cross-entropy over valid targets
 // The classifier is fused with the loss and, in training, with its own backward: logits are made
-// chunk by chunk into one chunk-sized buffer, turned in place into their gradient
-// (softmax - onehot) / N (in the matmul dtype on the GPU in reduced precision), and that chunk's
-// dx and wte gradient GEMMs run at once, still in forward (the loss gradient needs nothing from
-// later), so the logits of one chunk exist at a time, not the whole batch's (6.6 GB at GPT-2
-// B=64). Loss statistics are summed on the GPU and read back once per forward, or left there
-// under Context::deferLoss (the trainer reads them at log points). On the GPU, activations that
-// feed a GEMM (LayerNorm, qkv, attention, fc and GELU outputs, and the gradients of every GEMM
-// input) are in the matmul dtype as well; the residual stream and its gradient stay f32 (LayerNorm backward also writes the gradient's copy in
-// the matmul dtype that the projection GEMMs read). The MLP's GELU is fused into the fc GEMM and
-// its derivative into fcProj's input-gradient GEMM (cuBLASLt epilogues). Backward accumulates into
-// Param::grad.
+// chunk by chunk into one chunk-sized buffer, turned in place into their gradient (softmax -
+// onehot) / N (in the matmul dtype on the GPU in reduced precision), and that chunk's dx and wte
+// gradient GEMMs run at once, still in forward (the loss gradient needs nothing from later), so the
+// logits of one chunk exist at a time, not the whole batch's (6.6 GB at GPT-2 B=64). Loss
+// statistics are summed on the GPU and read back once per forward, or left there under
+// Context::deferLoss (the trainer reads them at log points). On the GPU, activations that feed a
+// GEMM (LayerNorm, qkv, attention, fc and GELU outputs, and the gradients of every GEMM input) are
+// in the matmul dtype as well; the residual stream and its gradient stay f32 (LayerNorm backward
+// also writes the gradient's copy in the matmul dtype that the projection GEMMs read). The MLP's
+// GELU is fused into the fc GEMM and its derivative into fcProj's input-gradient GEMM (cuBLASLt
+// epilogues). Backward accumulates into Param::grad.
 // Init (GPT-2): N(0, 0.02) weights, N(0, 0.01) positions, residual projections N(0, 0.02/sqrt(2L)),
 // zero biases, unit LayerNorm gains.
 //
