@@ -95,9 +95,7 @@ int planCommand(const std::vector<std::string>& args) {
   std::string modelName;
   if (s.model.type == "gpt") {
     TokenDataset train(file, s.trainSplit, s.gpt.maxT, 1);
-    GptConfig g = s.gpt;
-    if (g.vocab == 0) g.vocab = train.vocabSize();
-    if (g.paddedVocab == 0) g.paddedVocab = (g.vocab + 127) / 128 * 128;
+    const GptConfig g = s.gptForData(train.vocabSize(), cfg);
     P = g.numParams();
     const int64_t C = g.channels;
     largestUnit = std::max(g.paddedVocab * C + g.maxT * C, 12 * C * C + 13 * C);

@@ -7,6 +7,15 @@
 
 namespace mt {
 
+GptConfig Settings::gptForData(int64_t dataVocab, const Config& c) const {
+  GptConfig g = gpt;
+  if (g.vocab == 0) g.vocab = dataVocab;
+  if (dataVocab > g.vocab) c.fail("model.vocab_size", "the data holds token ids up to " + std::to_string(dataVocab - 1));
+  if (g.paddedVocab == 0) g.paddedVocab = (g.vocab + 127) / 128 * 128;
+  if (g.paddedVocab < g.vocab) c.fail("model.padded_vocab", "smaller than the vocabulary " + std::to_string(g.vocab));
+  return g;
+}
+
 Settings Settings::fromConfig(const Config& c) {
   Settings s;
   // run

@@ -64,6 +64,10 @@ struct Settings {
   int nodeRanks = 0;
 
   static Settings fromConfig(const Config& cfg);
+  // The GPT configuration for a token file of vocabulary `dataVocab`: model.vocab_size 0 takes
+  // it, model.padded_vocab 0 the next multiple of 128; ConfigError when the data holds ids
+  // beyond the vocabulary or the padding is smaller than it.
+  GptConfig gptForData(int64_t dataVocab, const Config& cfg) const;
 };
 
 }  // namespace mt

@@ -346,12 +346,7 @@ void Trainer::setupModel() {
                                    " channels)"
                              : std::string());
   if (tokens()) {
-    GptConfig g = s_.gpt;
-    if (g.vocab == 0) g.vocab = trainTokens_->vocabSize();
-    if (trainTokens_->vocabSize() > g.vocab)
-      cfg_.fail("model.vocab_size", "the data holds token ids up to " + std::to_string(trainTokens_->vocabSize() - 1));
-    if (g.paddedVocab == 0) g.paddedVocab = (g.vocab + 127) / 128 * 128;
-    if (g.paddedVocab < g.vocab) cfg_.fail("model.padded_vocab", "smaller than the vocabulary " + std::to_string(g.vocab));
+    const GptConfig g = s_.gptForData(trainTokens_->vocabSize(), cfg_);
     s_.gpt = g;
     model_ = std::make_unique<Gpt>(g);
   }
@@ -484,10 +479,12 @@ LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
   // With micro-batches every pass takes the mean over all of the step's rows on this rank, so the
   // accumulated gradient is the one batch's (a mean of means would weigh rows unequally where
   // targets are ignored).
+  std::vector<Batch> onDevice;
+  for (const Batch& b : micro) onDevice.push_back(toDevice(b));  // counts valid targets on the host
   int64_t stepRows = -1;
   if (K > 1) {
     stepRows = 0;
-    for (const Batch& b : micro)
+    for (const Batch& b : onDevice)
       stepRows += b.validTargets >= 0        ? b.validTargets
                   : b.targets.device().isCpu() ? countValidTargets(b.targets)
                                                : countValidTargets(b.targets.to(Device::cpu()));
@@ -503,9 +500,9 @@ LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
   int64_t backwardStartUs = 0;
   for (int k = 0; k < K; ++k) {
     const bool last = k + 1 == K;
-    Batch onDevice = toDevice(micro[static_cast<size_t>(k)]);
-    ctx.sampleIds = onDevice.sampleIds.empty() ? nullptr : &onDevice.sampleIds;
-    stats += model_->forward(onDevice, ctx, stepRows);
+    const Batch& b = onDevice[static_cast<size_t>(k)];
+    ctx.sampleIds = b.sampleIds.empty() ? nullptr : &b.sampleIds;
+    stats += model_->forward(b, ctx, stepRows);
     activationPeak_ = std::max(activationPeak_, model_->activationBytes());
     backwardStartUs = wallMicros();
     if (dp_) {

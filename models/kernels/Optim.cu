@@ -162,7 +162,8 @@ __global__ void sumSqMulti(SegTable t, double* part) {
   blockSumInto(acc, red);
   if (threadIdx.x == 0) part[blockIdx.x] = red[0];
 }
-__global__ void scaleMulti(SegTable t, float f) {
+// This block's chunk of its segment's gradient *= f.
+__device__ inline void scaleBlockChunk(const SegTable& t, float f) {
   const int s = segmentOf(t, blockIdx.x);
   const int64_t base = static_cast<int64_t>(blockIdx.x - t.blockStart[s]) * kChunk;
   const int64_t end = min(t.n[s], base + kChunk);
@@ -175,24 +176,13 @@ __global__ void scaleMulti(SegTable t, float f) {
     }
   }
 }
+__global__ void scaleMulti(SegTable t, float f) { scaleBlockChunk(t, f); }
 
 // The clip factor computed on the device from the total sum of squares (as clipGradNorm does on
 // the host: coef = maxNorm / (sqrt(sq) + 1e-6) in double, applied in float when below 1).
 __global__ void clipScaleMulti(SegTable t, const double* sq, float maxNorm) {
   const double coef = static_cast<double>(maxNorm) / (sqrt(*sq) + 1e-6);
-  if (coef >= 1.0) return;
-  const float f = static_cast<float>(coef);
-  const int s = segmentOf(t, blockIdx.x);
-  const int64_t base = static_cast<int64_t>(blockIdx.x - t.blockStart[s]) * kChunk;
-  const int64_t end = min(t.n[s], base + kChunk);
-  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
-    if (t.gBf16[s]) {
-      __nv_bfloat16* g = static_cast<__nv_bfloat16*>(const_cast<void*>(t.g[s]));
-      g[i] = __float2bfloat16_rn(__bfloat162float(g[i]) * f);
-    } else {
-      static_cast<float*>(const_cast<void*>(t.g[s]))[i] *= f;
-    }
-  }
+  if (coef < 1.0) scaleBlockChunk(t, static_cast<float>(coef));
 }
 
 template <typename T>
@@ -249,8 +239,11 @@ namespace {
 const double* sumOfSquaresOnDevice(const std::vector<OptimSegment>& segs, Tensor& part) {
   int64_t blocks = 0;
   for (const auto& sg : segs) blocks += (sg.grad.numel() + kChunk - 1) / kChunk;
+  // [blocks partials | one sum per launch table | the total]; all zero when there is nothing to sum.
   const int64_t tables = (static_cast<int64_t>(segs.size()) + kMaxSegs - 1) / kMaxSegs;
-  part = Tensor::zeros({blocks + tables + 1}, DType::kF64, segs[0].grad.device());
+  const Shape shape = {blocks + tables + 1};
+  part = blocks == 0 ? Tensor::zeros(shape, DType::kF64, segs[0].grad.device())
+                     : Tensor::empty(shape, DType::kF64, segs[0].grad.device());
   double* pp = part.data<double>();
   if (blocks == 0) return pp + blocks + tables;
   const std::vector<int64_t> offsets(segs.size(), 0);
@@ -282,22 +275,10 @@ double sumOfSquares(const std::vector<OptimSegment>& segs) {
   int64_t blocks = 0;
   for (const auto& sg : segs) blocks += (sg.grad.numel() + kChunk - 1) / kChunk;
   if (blocks == 0) return 0.0;
-  // [blocks partials | one sum per launch table | the total]
-  const int64_t tables = (static_cast<int64_t>(segs.size()) + kMaxSegs - 1) / kMaxSegs;
-  Tensor part = Tensor::empty({blocks + tables + 1}, DType::kF64, segs[0].grad.device());
-  double* pp = part.data<double>();
-  const std::vector<int64_t> offsets(segs.size(), 0);
-  int64_t first = 0, table = 0;
-  forEachTable(segs, offsets, nullptr, nullptr, 0.f, [&](const SegTable& t, int tableBlocks) {
-    sumSqMulti<<<tableBlocks, 256, 0, currentStream()>>>(t, pp + first);
-    sumFinal<<<1, 256, 0, currentStream()>>>(pp + first, tableBlocks, pp + blocks + table);
-    first += tableBlocks;
-    ++table;
-  });
-  sumFinal<<<1, 256, 0, currentStream()>>>(pp + blocks, table, pp + blocks + tables);
-  checkLaunch();
+  Tensor part;
+  const double* total = sumOfSquaresOnDevice(segs, part);
   double out = 0.0;  // the one host synchronisation of the whole sum
-  CUDA_CHECK(cudaMemcpyAsync(&out, pp + blocks + tables, sizeof(double), cudaMemcpyDeviceToHost, currentStream()));
+  CUDA_CHECK(cudaMemcpyAsync(&out, total, sizeof(double), cudaMemcpyDeviceToHost, currentStream()));
   CUDA_CHECK(cudaStreamSynchronize(currentStream()));
   return out;
 }
