@@ -33,6 +33,9 @@ const std::vector<EnvParamInfo>& envParamTable() {
        "(GELU_AUX_BIAS, DGELU), the fc bias gradient in a column-sum kernel; 2 = that bias gradient in the "
        "DGELU GEMM too (DGELU_BGRAD; 8 ms slower per GPT-2 step on the H200's cuBLAS 13); 0 = separate "
        "kernels for all three (same math)", 0, 2},
+      {EnvParam::kLnKernel, "MT_LN_KERNEL", "1",
+       "LayerNorm on the GPU: 1 = warp-per-row kernels with the row in registers (C a multiple of 8, at most "
+       "1024); 0 = the generic kernels for every shape (same math, for A/B timing)", 0, 1},
   };
   return kTable;
 }

@@ -18,7 +18,8 @@ enum class EnvParam : int {
   kNodeSplit,       // MT_NODE_SPLIT
   kProfileDir,      // MT_PROFILE_DIR
   kHeartbeatS,      // MT_HEARTBEAT_TIMEOUT_S
-  kGemmEpilogues,    // MT_GEMM_EPILOGUES
+  kGemmEpilogues,   // MT_GEMM_EPILOGUES
+  kLnKernel,        // MT_LN_KERNEL
   kCount
 };
 

@@ -141,6 +141,14 @@ bool CachingDeviceAllocator::recordStream(const void* ptr, cudaStream_t stream) 
   return true;
 }
 
+void CachingDeviceAllocator::forgetStream(cudaStream_t stream) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& kv : live_) {
+    auto& os = kv.second.otherStreams;
+    os.erase(std::remove(os.begin(), os.end(), stream), os.end());
+  }
+}
+
 void CachingDeviceAllocator::setMemoryCap(size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   cap_ = bytes;

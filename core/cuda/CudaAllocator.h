@@ -44,6 +44,8 @@ class CachingDeviceAllocator final : public Allocator {
   // block is not reused until the work queued there by then is done. Returns false when ptr is
   // not from this allocator.
   bool recordStream(const void* ptr, cudaStream_t stream);
+  // `stream` is about to be destroyed, its work finished: no block records events on it any more.
+  void forgetStream(cudaStream_t stream) noexcept;
   // Caps reserved bytes (0: no cap).
   void setMemoryCap(size_t bytes);
   size_t memoryCap() const { return cap_; }

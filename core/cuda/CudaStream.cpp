@@ -1,6 +1,7 @@
 #include "core/cuda/CudaStream.h"
 
 #include "core/cuda/CudaCheck.h"
+#include "core/cuda/CudaRuntime.h"
 
 namespace mt {
 
@@ -25,13 +26,24 @@ CudaStream::CudaStream(int priority) {
   CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
 }
 
-CudaStream::~CudaStream() {
-  if (s_) cudaStreamDestroy(s_);
+// Before a stream goes, its queued work is finished and the allocator forgets it: blocks that
+// recorded it (recordStream) would otherwise record events on a dead handle when they are freed —
+// undefined behaviour that crashed test_nccl in cuEventRecord. A thread whose current stream it
+// was falls back to the default compute stream.
+void CudaStream::release() noexcept {
+  if (!s_) return;
+  cudaStreamSynchronize(s_);
+  if (CudaRuntime* rt = CudaRuntime::active()) rt->allocator().forgetStream(s_);
+  if (tCurrentSet && tCurrent == s_) tCurrentSet = false;
+  cudaStreamDestroy(s_);
+  s_ = nullptr;
 }
+
+CudaStream::~CudaStream() { release(); }
 
 CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {
   if (this != &o) {
-    if (s_) cudaStreamDestroy(s_);
+    release();
     s_ = o.s_;
     o.s_ = nullptr;
   }

@@ -20,6 +20,7 @@ class CudaStream {
   void synchronize() const;
 
  private:
+  void release() noexcept;
   cudaStream_t s_ = nullptr;
 };
 

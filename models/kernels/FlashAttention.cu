@@ -25,6 +25,7 @@
 
 #include "core/Check.h"
 #include "core/cuda/CudaCheck.h"
+#include "models/kernels/CpAsync.cuh"
 #include "models/kernels/FlashAttention.h"
 
 namespace mt::cuda {
@@ -35,19 +36,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, zero-filled when !valid (src-size 0 reads nothing).
-__device__ __forceinline__ void cpAsync16(void* smem, const void* gmem, bool valid) {
-  const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smemAddr(smem)), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 __device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

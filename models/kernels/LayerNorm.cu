@@ -1,9 +1,19 @@
 // LayerNorm over the last dimension (math in models/layers/LayerNorm.h).
-// Forward: one warp per row; mean and rstd in f32 (two passes over the row in registers/L1).
-// Backward: one block per group of rows, the block reduces each row's mean(g) and mean(g*n) with a
-// fixed tree; each thread owns a fixed set of channels and accumulates their dw/db over the
-// block's rows; per-block partials are summed in block order by a second kernel — deterministic.
+// Two kernel families, chosen by MT_LN_KERNEL (core/EnvParams.cpp):
+// - vectorised (default, C % 8 == 0 and C <= 32 * 8 * kMaxVec): one warp per row, the row held in
+//   registers (16-byte loads, lane l owning channels 8 (l + 32 k) ..+8), mean/variance and the
+//   backward's two row means by warp shuffles only — no block barrier per row. Backward: each warp
+//   walks a fixed set of rows and keeps dw/db of its channels in registers; the block's warps add
+//   theirs in warp order into one partial per block, summed in block order by lnBwdReduce.
+// - generic (any C): forward one warp per row with scalar loads; backward one block per 32 rows,
+//   block-wide reductions per row.
+// Both are deterministic for a given shape (fixed trees, fixed row-to-warp assignment).
 
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "core/EnvParams.h"
 #include "models/kernels/Convert.cuh"
 #include "models/kernels/CudaLayers.h"
 #include "models/kernels/KernelUtil.cuh"
@@ -108,6 +118,183 @@ __global__ void lnBwdReduce(const float* partW, const float* partB, float* dw, f
   }
 }
 
+
+// ---- vectorised kernels ---------------------------------------------------------------------
+
+constexpr int kMaxVec = 4;  // 8-element chunks per lane: C <= 1024 (GPT-2 up to 350M)
+
+// 8 consecutive elements (16-byte aligned) as floats, and back.
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = toF32(e[i]);
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
+  uint4 u;
+  T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = fromF32<T>(v[i]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+constexpr int kVecWarps = 8;
+
+template <int NV, typename Tout>
+__global__ void __launch_bounds__(kVecWarps * 32) lnFwdVec(const float* x, const float* w, const float* b, Tout* y,
+                                                           float* mean, float* rstd, int64_t R, int C, float eps) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kVecWarps) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, C8 = C / 8;
+  if (row >= R) return;
+  const float* xr = x + row * C;
+  float v[NV][8];
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c8 = lane + 32 * k;
+    if (c8 < C8) load8(xr + 8 * c8, v[k]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (c8 >= C8) v[k][i] = 0.f;
+      s += v[k][i];
+    }
+  }
+  const float m = warpSum(s) / static_cast<float>(C);
+  float q = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if (lane + 32 * k < C8)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q += (v[k][i] - m) * (v[k][i] - m);
+  const float rs = rsqrtf(warpSum(q) / static_cast<float>(C) + eps);
+  Tout* yr = y + row * C;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c8 = lane + 32 * k;
+    if (c8 >= C8) continue;
+    float wv[8], bv[8], o[8];
+    load8(w + 8 * c8, wv);
+    load8(b + 8 * c8, bv);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = (v[k][i] - m) * rs * wv[i] + bv[i];
+    store8(yr + 8 * c8, o);
+  }
+  if (lane == 0) {
+    if (mean) mean[row] = m;
+    if (rstd) rstd[row] = rs;
+  }
+}
+
+// Rows a warp walks in the vectorised backward (the grid is sized from R by it, not from the
+// device, so the summation order is the same on every GPU).
+constexpr int kVecRowsPerWarp = 32;
+
+// Two blocks (16 warps) per SM up to C = 768: enough loads in flight for the bandwidth.
+template <int NV, typename Tdy, typename Tlow>
+__global__ void __launch_bounds__(kVecWarps * 32, NV <= 3 ? 2 : 1) lnBwdVec(const Tdy* dy, const float* x, const float* w,
+                                                           const float* mean, const float* rstd,
+                                                           const float* residual, float* dx, Tlow* dxLow,
+                                                           float* partW, float* partB, int64_t R, int C) {
+  extern __shared__ float acc[];  // [2*C]: the block's dw and db partials
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C8 = C / 8;
+  float dw[NV][8], db[NV][8];
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) dw[k][i] = db[k][i] = 0.f;
+  const float invC = 1.f / static_cast<float>(C);
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(kVecWarps) + warp; r < R;
+       r += static_cast<int64_t>(gridDim.x) * kVecWarps) {
+    const float m = mean[r], rs = rstd[r];
+    // n stays in registers between the two halves; dy and w are read again in the second (L1
+    // hits: the warp read them a moment ago), which keeps two blocks per SM without spilling.
+    float n[NV][8];
+    float sg = 0.f, sgn = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c8 = lane + 32 * k;
+      if (c8 >= C8) continue;
+      float g[8], wv[8];
+      load8(x + r * C + 8 * c8, n[k]);
+      load8(dy + r * C + 8 * c8, g);
+      load8(w + 8 * c8, wv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        n[k][i] = (n[k][i] - m) * rs;
+        const float gw = g[i] * wv[i];
+        sg += gw;
+        sgn += gw * n[k][i];
+        dw[k][i] += g[i] * n[k][i];
+        db[k][i] += g[i];
+      }
+    }
+    const float mg = warpSum(sg) * invC, mgn = warpSum(sgn) * invC;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c8 = lane + 32 * k;
+      if (c8 >= C8) continue;
+      float d[8], res[8], g[8], wv[8];
+      load8(dy + r * C + 8 * c8, g);
+      load8(w + 8 * c8, wv);
+      if (residual) load8(residual + r * C + 8 * c8, res);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) d[i] = rs * (g[i] * wv[i] - mg - n[k][i] * mgn) + (residual ? res[i] : 0.f);
+      store8(dx + r * C + 8 * c8, d);
+      if (dxLow) store8(dxLow + r * C + 8 * c8, d);
+    }
+  }
+  // The warps' partials into acc in warp order (deterministic), then out as the block's partial.
+  for (int turn = 0; turn < kVecWarps; ++turn) {
+    if (warp == turn) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int c8 = lane + 32 * k;
+        if (c8 >= C8) continue;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int c = 8 * c8 + i;
+          acc[c] = turn == 0 ? dw[k][i] : acc[c] + dw[k][i];
+          acc[C + c] = turn == 0 ? db[k][i] : acc[C + c] + db[k][i];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    partW[blockIdx.x * static_cast<int64_t>(C) + c] = acc[c];
+    partB[blockIdx.x * static_cast<int64_t>(C) + c] = acc[C + c];
+  }
+}
+
+// The vectorised kernels apply: C a multiple of 8 that fits kMaxVec chunks per lane, every
+// pointer 16-byte aligned (rows then are too, C being a multiple of 8), and MT_LN_KERNEL=1.
+bool useVec(int64_t C, std::initializer_list<const void*> ptrs) {
+  static const bool enabled = envInt(EnvParam::kLnKernel) == 1;
+  if (!enabled || C % 8 != 0 || C > 32 * 8 * kMaxVec) return false;
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+// Calls f(std::integral_constant<int, NV>) with NV = the chunks per lane C needs.
+template <typename F>
+void dispatchVec(int64_t C, F&& f) {
+  const int64_t nv = (C / 8 + 31) / 32;
+  if (nv <= 1) f(std::integral_constant<int, 1>{});
+  else if (nv == 2) f(std::integral_constant<int, 2>{});
+  else if (nv == 3) f(std::integral_constant<int, 3>{});
+  else f(std::integral_constant<int, 4>{});
+}
+
 }  // namespace
 
 void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
@@ -115,8 +302,18 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
   const int64_t C = x.dim(-1), R = x.numel() / C;
   const int warpsPerBlock = 8;
   const int blocks = static_cast<int>((R + warpsPerBlock - 1) / warpsPerBlock);
+  if (R == 0) return;
   dispatchFloat(y.dtype(), [&](auto tout) {
     using Tout = decltype(tout);
+    if (useVec(C, {x.rawData(), w.rawData(), b.rawData(), y.rawData()})) {
+      dispatchVec(C, [&](auto nv) {
+        lnFwdVec<decltype(nv)::value, Tout><<<static_cast<unsigned>((R + kVecWarps - 1) / kVecWarps), kVecWarps * 32, 0,
+                                               currentStream()>>>(
+            x.data<float>(), w.data<float>(), b.data<float>(), static_cast<Tout*>(y.rawData()),
+            mean ? mean->data<float>() : nullptr, rstd ? rstd->data<float>() : nullptr, R, static_cast<int>(C), eps);
+      });
+      return;
+    }
     lnFwd<<<blocks, warpsPerBlock * 32, 0, currentStream()>>>(x.data<float>(), w.data<float>(), b.data<float>(),
                                                                static_cast<Tout*>(y.rawData()),
                                                                mean ? mean->data<float>() : nullptr,
@@ -128,7 +325,11 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                        const Tensor& mean, const Tensor& rstd, const Tensor* residual, Tensor* dxLow) {
   const int64_t C = x.dim(-1), R = x.numel() / C;
-  const int64_t blocks = (R + kLnRowsPerBlock - 1) / kLnRowsPerBlock;
+  if (R == 0) return;
+  const bool vec = useVec(C, {dy.rawData(), x.rawData(), w.rawData(), residual ? residual->rawData() : nullptr,
+                              dx.rawData(), dxLow && dxLow->defined() ? dxLow->rawData() : nullptr});
+  const int64_t rowsPerBlock = vec ? int64_t{kVecWarps} * kVecRowsPerWarp : kLnRowsPerBlock;
+  const int64_t blocks = (R + rowsPerBlock - 1) / rowsPerBlock;
   Tensor partW = Tensor::empty({blocks, C}, DType::kF32, x.device());
   Tensor partB = Tensor::empty({blocks, C}, DType::kF32, x.device());
   const size_t smem = static_cast<size_t>(2 * C) * sizeof(float);
@@ -140,6 +341,17 @@ void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, con
       Tlow* low = dxLow && dxLow->defined() ? static_cast<Tlow*>(dxLow->rawData()) : nullptr;
       const Tdy* dyp = static_cast<const Tdy*>(dy.rawData());
       const float* res = residual ? residual->data<float>() : nullptr;
+      if (vec) {
+        dispatchVec(C, [&](auto nv) {
+          auto* kernel = lnBwdVec<decltype(nv)::value, Tdy, Tlow>;
+          if (smem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+          kernel<<<static_cast<unsigned>(blocks), kVecWarps * 32, smem, currentStream()>>>(
+              dyp, x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(), res, dx.data<float>(), low,
+              partW.data<float>(), partB.data<float>(), R, static_cast<int>(C));
+        });
+        return;
+      }
       auto* kernel = lnBwd<Tdy, Tlow>;
       if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -8,6 +8,9 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"
@@ -216,32 +219,37 @@ TEST(GpuParity, Elementwise) {
 }
 
 TEST(GpuParity, LayerNormSoftmaxEmbeddingImageInput) {
-  for (int64_t C : {17, 768, 3000}) {
-    Tensor x = randomTensor({41, C}, 41, 3.f), w = randomTensor({C}, 42), b = randomTensor({C}, 43);
-    Tensor dy = randomTensor({41, C}, 44);
+  // (rows, C): 17 and 3000 take the generic kernels; 768, 1024 and 264 (C/8 not a multiple of 32)
+  // the warp-per-row ones, with rows enough that every warp of the backward walks several and
+  // several blocks add partials (2600 rows: 11 blocks of 256).
+  for (auto [N, C] : std::vector<std::pair<int64_t, int64_t>>{{41, 17}, {41, 768}, {41, 3000}, {2600, 768},
+                                                               {300, 1024}, {517, 264}}) {
+    Tensor x = randomTensor({N, C}, 41, 3.f), w = randomTensor({C}, 42), b = randomTensor({C}, 43);
+    Tensor dy = randomTensor({N, C}, 44);
     Tensor y = zerosLike(x, Device::cpu()), dx = zerosLike(x, Device::cpu()), dw = zerosLike(w, Device::cpu()),
-           db = zerosLike(b, Device::cpu()), mean = Tensor::empty({41}, DType::kF32), rstd = Tensor::empty({41}, DType::kF32);
+           db = zerosLike(b, Device::cpu()), mean = Tensor::empty({N}, DType::kF32), rstd = Tensor::empty({N}, DType::kF32);
     layerNormForward(y, &mean, &rstd, x, w, b, 1e-5f);
     layerNormBackward(dx, dw, db, dy, x, w, mean, rstd);
     Tensor gx = gpu(x), gw = gpu(w), gb = gpu(b);
-    Tensor gy = zerosLike(x, kGpu), gdx = zerosLike(x, kGpu), gdw = zerosLike(w, kGpu), gdb = zerosLike(b, kGpu),
-           gmean = Tensor::empty({41}, DType::kF32, kGpu), grstd = Tensor::empty({41}, DType::kF32, kGpu);
+    Tensor gy = poisoned(x.shape(), DType::kF32), gdx = poisoned(x.shape(), DType::kF32), gdw = zerosLike(w, kGpu),
+           gdb = zerosLike(b, kGpu), gmean = Tensor::empty({N}, DType::kF32, kGpu),
+           grstd = Tensor::empty({N}, DType::kF32, kGpu);
     layerNormForward(gy, &gmean, &grstd, gx, gw, gb, 1e-5f);
     layerNormBackward(gdx, gdw, gdb, gpu(dy), gx, gw, gmean, grstd);
     // The residual form: dx + r in one pass.
-    Tensor r = randomTensor({41, C}, 45), dxr = zerosLike(x, Device::cpu()), gdxr = zerosLike(x, kGpu);
+    Tensor r = randomTensor({N, C}, 45), dxr = zerosLike(x, Device::cpu()), gdxr = zerosLike(x, kGpu);
     Tensor scratchW = zerosLike(w, kGpu), scratchB = zerosLike(b, kGpu), gr = gpu(r);
     layerNormBackward(gdxr, scratchW, scratchB, gpu(dy), gx, gw, gmean, grstd, &gr);
     for (int64_t i = 0; i < dx.numel(); ++i) dxr.data<float>()[i] = dx.data<float>()[i] + r.data<float>()[i];
-    EXPECT_LT(relErr(gdxr, dxr), kF32) << C;
+    EXPECT_LT(relErr(gdxr, dxr), kF32) << N << "x" << C;
     // bf16 output (the next GEMM's input in reduced precision).
     Tensor gy16 = Tensor::empty(x.shape(), DType::kBF16, kGpu);
     layerNormForward(gy16, nullptr, nullptr, gx, gw, gb, 1e-5f);
-    EXPECT_LT(relErr(gy16, y), kBF16) << C;
-    EXPECT_LT(relErr(gy, y), kF32) << C;
-    EXPECT_LT(relErr(gdx, dx), kF32) << C;
-    EXPECT_LT(relErr(gdw, dw), kF32) << C;
-    EXPECT_LT(relErr(gdb, db), kF32) << C;
+    EXPECT_LT(relErr(gy16, y), kBF16) << N << "x" << C;
+    EXPECT_LT(relErr(gy, y), kF32) << N << "x" << C;
+    EXPECT_LT(relErr(gdx, dx), kF32) << N << "x" << C;
+    EXPECT_LT(relErr(gdw, dw), kF32) << N << "x" << C;
+    EXPECT_LT(relErr(gdb, db), kF32) << N << "x" << C;
   }
   {
     // LayerNorm backward from a bf16 gradient (a GEMM's input gradient), also writing dx in bf16.
@@ -264,29 +272,30 @@ TEST(GpuParity, LayerNormSoftmaxEmbeddingImageInput) {
     EXPECT_LT(relErr(gdb, db), kF32);
     EXPECT_LT(relErr(gdxLow, dx), 1e-2);
   }
-  {
-    // bf16 logits in place, padded rows (stride 1024, 1003 classes): the register-resident kernel.
-    Tensor z = randomTensor({37, 1024}, 52, 5.f), t = Tensor::empty({37}, DType::kI64);
-    for (int i = 0; i < 37; ++i) t.data<int64_t>()[i] = i == 7 ? kIgnoreIndex : (i * 173) % 1003;
+  // bf16 logits in place, padded rows, through the shared-memory kernel: (rows, stride, classes);
+  // GPT-2's row (50,304 padded, 50,257 classes) takes all eight cp.async loads of each thread.
+  for (auto [N, S, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{37, 1024, 1003}, {9, 50304, 50257}}) {
+    Tensor z = randomTensor({N, S}, 52, 5.f), t = Tensor::empty({N}, DType::kI64);
+    for (int i = 0; i < N; ++i) t.data<int64_t>()[i] = i == 7 ? kIgnoreIndex : (i * 173 + 11) % K;
     Tensor gz16 = castTo(gpu(z), DType::kBF16);
     Tensor zr = castTo(gz16, DType::kF32).to(Device::cpu());
-    Tensor zc = Tensor::empty({37, 1003}, DType::kF32);
-    for (int64_t i = 0; i < 37; ++i)
-      for (int64_t j = 0; j < 1003; ++j) zc.data<float>()[i * 1003 + j] = zr.data<float>()[i * 1024 + j];
+    Tensor zc = Tensor::empty({N, K}, DType::kF32);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < K; ++j) zc.data<float>()[i * K + j] = zr.data<float>()[i * S + j];
     Tensor dzc = zerosLike(zc, Device::cpu());
     LossStats c = softmaxCrossEntropy(zc, t, &dzc, 1.f);
-    LossStats g = softmaxCrossEntropy(gz16, t, &gz16, 1.f, -1, 1003);
-    EXPECT_EQ(g.count, c.count);
-    EXPECT_EQ(g.correct, c.correct);
-    EXPECT_NEAR(g.lossSum, c.lossSum, 1e-4 * std::fabs(c.lossSum));
+    LossStats g = softmaxCrossEntropy(gz16, t, &gz16, 1.f, -1, K);
+    EXPECT_EQ(g.count, c.count) << S;
+    EXPECT_EQ(g.correct, c.correct) << S;
+    EXPECT_NEAR(g.lossSum, c.lossSum, 1e-4 * std::fabs(c.lossSum)) << S;
     Tensor gd = castTo(gz16, DType::kF32).to(Device::cpu()), gdc = zerosLike(zc, Device::cpu());
     double padAbs = 0;
-    for (int64_t i = 0; i < 37; ++i) {
-      for (int64_t j = 0; j < 1003; ++j) gdc.data<float>()[i * 1003 + j] = gd.data<float>()[i * 1024 + j];
-      for (int64_t j = 1003; j < 1024; ++j) padAbs += std::fabs(gd.data<float>()[i * 1024 + j]);
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t j = 0; j < K; ++j) gdc.data<float>()[i * K + j] = gd.data<float>()[i * S + j];
+      for (int64_t j = K; j < S; ++j) padAbs += std::fabs(gd.data<float>()[i * S + j]);
     }
-    EXPECT_LT(relErr(gdc, dzc), kBF16);
-    EXPECT_EQ(padAbs, 0.0);  // padded columns get a zero gradient
+    EXPECT_LT(relErr(gdc, dzc), kBF16) << S;
+    EXPECT_EQ(padAbs, 0.0) << S;  // padded columns get a zero gradient
   }
   Tensor z = randomTensor({37, 1003}, 51, 5.f), t = Tensor::empty({37}, DType::kI64);
   for (int i = 0; i < 37; ++i) t.data<int64_t>()[i] = i == 5 ? kIgnoreIndex : (i * 131) % 1003;
