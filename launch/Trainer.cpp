@@ -37,6 +37,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// "NAME=value (origin)" -> "export NAME='value'  # origin" (single-quoted, so any value survives).
+std::string shellExportLine(const std::string& entry) {
+  const size_t eq = entry.find('=');
+  if (eq == std::string::npos) return "# " + entry;
+  std::string value = entry.substr(eq + 1), origin;
+  const size_t paren = value.rfind(" (");
+  if (!value.empty() && value.back() == ')' && paren != std::string::npos) {
+    origin = value.substr(paren + 2, value.size() - paren - 3);
+    value.resize(paren);
+  }
+  std::string quoted = "'";
+  for (char c : value) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  return "export " + entry.substr(0, eq) + "=" + quoted + (origin.empty() ? "" : "  # " + origin);
+}
+
 // (loss sum, correct, count) summed over the ranks: the figures one process would compute over the
 // global batch or the whole test set. Counts travel as doubles, exact below 2^53.
 LossStats sumOverRanks(Communicator& comm, const LossStats& local) {
@@ -108,9 +124,11 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi)
   // The preemption marker of a previous attempt is stale now (scripts/slurm requeue on it).
   if (world_->rank() == 0) fs::remove(runDir_ + "/PREEMPTED", ec);
   if (world_->rank() == 0 && (!ncclEnv_.empty() || profile_)) {
+    // A file `source` accepts (to rerun a case by hand with the same NCCL settings): each entry
+    // "NAME=value (origin)" becomes "export NAME='value'  # origin".
     std::ofstream env(runDir_ + "/nccl.env");
     env << "# NCCL environment in effect (profile " << (profile_ ? profile_->name : "none") << ")\n";
-    for (const auto& l : ncclEnv_) env << l << "\n";
+    for (const auto& l : ncclEnv_) env << shellExportLine(l) << "\n";
   }
   if (world_->rank() == 0) {
     std::ofstream ini(runDir_ + "/config.ini");

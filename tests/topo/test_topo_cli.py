@@ -68,9 +68,17 @@ class TopoCli(unittest.TestCase):
             worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
             print(f"hierarchical vs flat: worst relative loss difference {worst:.2e}")
             self.assertLess(worst, 1e-5)
-            env = open(os.path.join(d, "hier", "nccl.env")).read()
-            self.assertIn("NCCL_IB_DISABLE=1 (profile socket)", env)
-            self.assertIn("NCCL_TOPO_FILE=", env)
+            env_file = os.path.join(d, "hier", "nccl.env")
+            env = open(env_file).read()
+            self.assertIn("export NCCL_IB_DISABLE='1'  # profile socket", env)
+            self.assertIn("export NCCL_TOPO_FILE=", env)
+            # The file is one bash sources as it is (to rerun with the same NCCL settings).
+            sourced = subprocess.run(["bash", "-c", 'set -eu; source "$1"; echo "$NCCL_IB_DISABLE|$NCCL_TOPO_FILE"',
+                                      "bash", env_file], capture_output=True, text=True)
+            self.assertEqual(sourced.returncode, 0, sourced.stderr)
+            ib, topo_file = sourced.stdout.strip().split("|")
+            self.assertEqual(ib, "1")
+            self.assertTrue(os.path.isfile(topo_file), topo_file)
 
 
 if __name__ == "__main__":
