@@ -10,7 +10,6 @@
 #include <type_traits>
 
 #include "models/kernels/Convert.cuh"
-#include "models/kernels/CpAsync.cuh"
 #include "models/kernels/CudaLayers.h"
 #include "models/kernels/KernelUtil.cuh"
 
@@ -113,28 +112,13 @@ __global__ void ceRows(const TZ* z, const TT* targets, TZ* dz, double* rowLoss, 
   }
 }
 
-// Loads per thread in ceRowsSmem: the launch sizes the block so that blockDim * kCeLoads covers the row.
-constexpr int kCeLoads = 8;
-// cpAsyncWait<n> for n known only after unrolling (the switch folds away).
-__device__ __forceinline__ void cpAsyncWaitPending(int n) {
-  switch (n) {
-    case 0: cpAsyncWait<0>(); break;
-    case 1: cpAsyncWait<1>(); break;
-    case 2: cpAsyncWait<2>(); break;
-    case 3: cpAsyncWait<3>(); break;
-    case 4: cpAsyncWait<4>(); break;
-    case 5: cpAsyncWait<5>(); break;
-    case 6: cpAsyncWait<6>(); break;
-    default: cpAsyncWait<7>(); break;
-  }
-}
-static_assert(kCeLoads <= 8, "cpAsyncWaitPending covers up to 7 pending groups");
-
 // The same, with the row held in shared memory between the passes: the logits are read from
 // global memory once instead of twice (one read, one write per element: the byte floor), and the
 // exponentials of each 16-byte load are taken against one running max. Dynamic shared memory of
 // one row (GPT-2: 50,304 bf16 = 98 KiB, two blocks per SM). Keeping the row in registers instead
-// (8 x 16 bytes per thread) spilled at 1024 threads and was slower than the two-pass kernel.
+// (8 x 16 bytes per thread) spilled at 1024 threads and was slower than the two-pass kernel; issuing
+// all of a thread's loads at once by cp.async (eight groups, consumed as each lands) was slower too:
+// 0.74 against 0.66 ms per 8192-row GPT-2 chunk on the H200 (2026-12-03).
 template <typename TZ, typename TT>
 __global__ void __launch_bounds__(1024) ceRowsSmem(const TZ* z, const TT* targets, TZ* dz, double* rowLoss,
                                                    int* rowCorrect, int* rowValid, int* badTarget, int C,
@@ -155,6 +139,7 @@ __global__ void __launch_bounds__(1024) ceRowsSmem(const TZ* z, const TT* target
   const int loads = stride / V;
   RowStat st{-INFINITY, 0.f, INT_MAX};
   auto consume = [&](const uint4& u, int k) {
+    rowBuf[k] = u;
     const TZ* e = reinterpret_cast<const TZ*>(&u);
     const int c0 = k * V;
     float lm = -INFINITY;
@@ -171,22 +156,15 @@ __global__ void __launch_bounds__(1024) ceRowsSmem(const TZ* z, const TT* target
       if (c0 + i < C) ls += __expf(toF32(e[i]) - lm);
     st = mergeStat(st, RowStat{lm, ls, la});
   };
-  // Every load of the thread's share of the row is issued at once (cp.async, one group each:
-  // kCeLoads x 16 bytes in flight per thread, no registers held), then consumed in order as each
-  // group lands; a thread reads only what it copied itself, so no barrier is needed before.
-  const uint4* zr4 = reinterpret_cast<const uint4*>(zr);
-#pragma unroll
-  for (int j = 0; j < kCeLoads; ++j) {
-    const int k = threadIdx.x + j * blockDim.x;
-    if (k < loads) cpAsync16(&rowBuf[k], zr4 + k, true);
-    cpAsyncCommit();
+  // Two loads in flight per thread before their use.
+  int k = threadIdx.x;
+  for (; k + static_cast<int>(blockDim.x) < loads; k += 2 * blockDim.x) {
+    const uint4 u0 = reinterpret_cast<const uint4*>(zr)[k];
+    const uint4 u1 = reinterpret_cast<const uint4*>(zr)[k + blockDim.x];
+    consume(u0, k);
+    consume(u1, k + blockDim.x);
   }
-#pragma unroll
-  for (int j = 0; j < kCeLoads; ++j) {
-    cpAsyncWaitPending(kCeLoads - 1 - j);
-    const int k = threadIdx.x + j * blockDim.x;
-    if (k < loads) consume(rowBuf[k], k);
-  }
+  if (k < loads) consume(reinterpret_cast<const uint4*>(zr)[k], k);
   st = blockMergeStat(st, red);  // its barrier also orders thread 0's read of z[t] and every rowBuf write
   const float lse = st.m + logf(st.s);
   if (dz) {
@@ -293,12 +271,9 @@ LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
             auto* kernel = ceRowsSmem<TZ, TT>;
             if (smem > 48 * 1024)
               CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-            // Fewest whole warps (up to 1024) that cover the row in kCeLoads loads each.
+            // Fewest whole warps up to 1024 that cover the row in about eight loads each.
             const int64_t loads = stride / V;
-            const int nt = static_cast<int>(
-                std::min<int64_t>(1024, std::max<int64_t>(32, ((loads + kCeLoads - 1) / kCeLoads + 31) / 32 * 32)));
-            MT_CHECK(nt * static_cast<int64_t>(kCeLoads) >= loads, "softmax cross-entropy: row of ", stride,
-                     " does not fit the shared-memory kernel");
+            const int nt = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (loads / 8 + 31) / 32 * 32)));
             kernel<<<static_cast<unsigned>(N), nt, smem, s>>>(zp, tt, dp, rowLoss.data<double>(), correct, valid, bad,
                                                              static_cast<int>(C), static_cast<int>(stride), inv);
             return;
