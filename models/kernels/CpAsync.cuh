@@ -1,6 +1,6 @@
 #pragma once
 // cp.async (sm_80+): 16-byte global -> shared copies that bypass registers, committed in groups and
-// waited on by count (PTX ISA "cp.async"). Shared by the flash attention and cross-entropy kernels.
+// waited on by count (PTX ISA "cp.async"), for kernels that stage tiles in shared memory.
 
 #include <cstdint>
 
