@@ -152,9 +152,9 @@ constexpr int kVecWarps = 8;
 
 template <int NV, typename Tout>
 __global__ void __launch_bounds__(kVecWarps * 32) lnFwdVec(const float* x, const float* w, const float* b, Tout* y,
-                                                           float* mean, float* rstd, int64_t R, int C, float eps) {
+                                                           float* mean, float* rstd, int64_t R, int64_t C, float eps) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kVecWarps) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32, C8 = C / 8;
+  const int lane = threadIdx.x % 32, C8 = static_cast<int>(C / 8);
   if (row >= R) return;
   const float* xr = x + row * C;
   float v[NV][8];
@@ -204,9 +204,9 @@ template <int NV, typename Tdy, typename Tlow>
 __global__ void __launch_bounds__(kVecWarps * 32, NV <= 3 ? 2 : 1) lnBwdVec(const Tdy* dy, const float* x, const float* w,
                                                            const float* mean, const float* rstd,
                                                            const float* residual, float* dx, Tlow* dxLow,
-                                                           float* partW, float* partB, int64_t R, int C) {
+                                                           float* partW, float* partB, int64_t R, int64_t C) {
   extern __shared__ float acc[];  // [2*C]: the block's dw and db partials
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C8 = C / 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C8 = static_cast<int>(C / 8);
   float dw[NV][8], db[NV][8];
 #pragma unroll
   for (int k = 0; k < NV; ++k)
@@ -270,9 +270,9 @@ __global__ void __launch_bounds__(kVecWarps * 32, NV <= 3 ? 2 : 1) lnBwdVec(cons
     }
     __syncthreads();
   }
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    partW[blockIdx.x * static_cast<int64_t>(C) + c] = acc[c];
-    partB[blockIdx.x * static_cast<int64_t>(C) + c] = acc[C + c];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    partW[blockIdx.x * C + c] = acc[c];
+    partB[blockIdx.x * C + c] = acc[C + c];
   }
 }
 
@@ -300,24 +300,18 @@ void dispatchVec(int64_t C, F&& f) {
 void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                       float eps) {
   const int64_t C = x.dim(-1), R = x.numel() / C;
-  const int warpsPerBlock = 8;
-  const int blocks = static_cast<int>((R + warpsPerBlock - 1) / warpsPerBlock);
   if (R == 0) return;
+  // Both forward kernels: one warp per row, kVecWarps rows per block.
+  const unsigned blocks = static_cast<unsigned>((R + kVecWarps - 1) / kVecWarps);
+  const bool vec = useVec(C, {x.rawData(), w.rawData(), b.rawData(), y.rawData()});
   dispatchFloat(y.dtype(), [&](auto tout) {
     using Tout = decltype(tout);
-    if (useVec(C, {x.rawData(), w.rawData(), b.rawData(), y.rawData()})) {
-      dispatchVec(C, [&](auto nv) {
-        lnFwdVec<decltype(nv)::value, Tout><<<static_cast<unsigned>((R + kVecWarps - 1) / kVecWarps), kVecWarps * 32, 0,
-                                               currentStream()>>>(
-            x.data<float>(), w.data<float>(), b.data<float>(), static_cast<Tout*>(y.rawData()),
-            mean ? mean->data<float>() : nullptr, rstd ? rstd->data<float>() : nullptr, R, static_cast<int>(C), eps);
-      });
-      return;
-    }
-    lnFwd<<<blocks, warpsPerBlock * 32, 0, currentStream()>>>(x.data<float>(), w.data<float>(), b.data<float>(),
-                                                               static_cast<Tout*>(y.rawData()),
-                                                               mean ? mean->data<float>() : nullptr,
-                                                               rstd ? rstd->data<float>() : nullptr, R, C, eps);
+    auto* kernel = lnFwd<Tout>;
+    if (vec) dispatchVec(C, [&](auto nv) { kernel = lnFwdVec<decltype(nv)::value, Tout>; });
+    kernel<<<blocks, kVecWarps * 32, 0, currentStream()>>>(x.data<float>(), w.data<float>(), b.data<float>(),
+                                                           static_cast<Tout*>(y.rawData()),
+                                                           mean ? mean->data<float>() : nullptr,
+                                                           rstd ? rstd->data<float>() : nullptr, R, C, eps);
   });
   checkLaunch();
 }
@@ -341,21 +335,11 @@ void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, con
       Tlow* low = dxLow && dxLow->defined() ? static_cast<Tlow*>(dxLow->rawData()) : nullptr;
       const Tdy* dyp = static_cast<const Tdy*>(dy.rawData());
       const float* res = residual ? residual->data<float>() : nullptr;
-      if (vec) {
-        dispatchVec(C, [&](auto nv) {
-          auto* kernel = lnBwdVec<decltype(nv)::value, Tdy, Tlow>;
-          if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-          kernel<<<static_cast<unsigned>(blocks), kVecWarps * 32, smem, currentStream()>>>(
-              dyp, x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(), res, dx.data<float>(), low,
-              partW.data<float>(), partB.data<float>(), R, static_cast<int>(C));
-        });
-        return;
-      }
       auto* kernel = lnBwd<Tdy, Tlow>;
+      if (vec) dispatchVec(C, [&](auto nv) { kernel = lnBwdVec<decltype(nv)::value, Tdy, Tlow>; });
       if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      kernel<<<static_cast<unsigned>(blocks), kLnBwdThreads, smem, currentStream()>>>(
+      kernel<<<static_cast<unsigned>(blocks), vec ? kVecWarps * 32 : kLnBwdThreads, smem, currentStream()>>>(
           dyp, x.data<float>(), w.data<float>(), mean.data<float>(), rstd.data<float>(), res, dx.data<float>(), low,
           partW.data<float>(), partB.data<float>(), R, C);
     });

@@ -7,7 +7,6 @@
 # NAME (run name, default meshtrain), PRESET (d12; d24 = GPT-2 350M, d36, d48), BATCH (64),
 # ARGS (extra trainer overrides for meshtrain's half, e.g. "--optim.lr=1e-7 --train.grad_clip=0").
 set -euo pipefail
-# shellcheck disable=SC2086  # ARGS is split into words on purpose
 cd "$(dirname "$0")/../.."
 trainer="${TRAINER:-$( [[ -x dist/bin/trainer ]] && echo dist/bin/trainer || echo build/bin/trainer )}"
 out="${OUT:-/tmp/gpt_bench}"
@@ -32,6 +31,7 @@ if [[ ! -f $tokens ]]; then
 fi
 echo "== $name"
 rm -rf "${out:?}/$name"
+# shellcheck disable=SC2086  # ARGS is split into words on purpose
 "$trainer" --config configs/gpt_d12.ini --data.path=$tokens --train.max_steps="$steps" --run.dir="$out" \
   --run.name="$name" --model.gpt_preset="$preset" --train.batch_size="$batch" ${ARGS:-} 2>&1 | tee "$out/$name.log" | grep -E "step [0-9]+/|memory|final|error" || true
 if [[ $ref != 0 ]]; then
