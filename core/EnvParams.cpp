@@ -36,6 +36,11 @@ const std::vector<EnvParamInfo>& envParamTable() {
       {EnvParam::kLnKernel, "MT_LN_KERNEL", "1",
        "LayerNorm on the GPU: 1 = warp-per-row kernels with the row in registers (C a multiple of 8, at most "
        "1024); 0 = the generic kernels for every shape (same math, for A/B timing)", 0, 1},
+      {EnvParam::kConvAlgo, "MT_CONV_ALGO", "0",
+       "cuDNN convolution algorithms, chosen once per geometry and precision: 0 = cuDNN's heuristic order "
+       "(fastest for fashion_cnn on the H200); 1 = measured by cudnnFind among deterministic algorithms "
+       "(bitwise-reproducible GPU runs; 1.3x slower there, as the heuristics' weight-gradient choice uses atomics)",
+       0, 1},
   };
   return kTable;
 }

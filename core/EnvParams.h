@@ -20,6 +20,7 @@ enum class EnvParam : int {
   kHeartbeatS,      // MT_HEARTBEAT_TIMEOUT_S
   kGemmEpilogues,   // MT_GEMM_EPILOGUES
   kLnKernel,        // MT_LN_KERNEL
+  kConvAlgo,        // MT_CONV_ALGO
   kCount
 };
 

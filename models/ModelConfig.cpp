@@ -35,8 +35,10 @@ std::unique_ptr<Sequential> buildCnn(const ModelConfig& cfg, const InputSpec& in
   int64_t c = in.channels, h = in.height, w = in.width;
   for (size_t i = 0; i < cfg.convChannels.size(); ++i) {
     const std::string idx = std::to_string(i + 1);
-    m->add(std::make_unique<Conv2d>(L, c, cfg.convChannels[i], cfg.kernel, 1, cfg.kernel / 2), "conv" + idx);
-    m->add(std::make_unique<ReLU>(), "relu" + idx);
+    auto conv = std::make_unique<Conv2d>(L, c, cfg.convChannels[i], cfg.kernel, 1, cfg.kernel / 2);
+    conv->fuseRelu();  // the ReLU after it runs inside the convolution
+    m->add(std::move(conv), "conv" + idx);
+    m->add(std::make_unique<ReLU>(/*inputRectified=*/true), "relu" + idx);
     m->add(std::make_unique<MaxPool2d>(L, 2), "pool" + idx);
     c = cfg.convChannels[i];
     h = (h + 2 * (cfg.kernel / 2) - cfg.kernel + 1) / 2;

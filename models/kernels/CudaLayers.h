@@ -18,7 +18,8 @@ void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const 
 void linearGeluForward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b);
 void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
                          const Tensor& pre, Tensor* dpreColSum);
-void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g);
+void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b, const Conv2dGeometry& g,
+                   bool relu);
 void conv2dBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& col,
                     const Tensor& w, const Conv2dGeometry& g);
 void maxPool2dForward(Tensor& y, Tensor* argmax, const Tensor& x, const PoolGeometry& g);

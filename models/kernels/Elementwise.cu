@@ -2,8 +2,11 @@
 // CPU path) and the image input normalisation. One thread per element, grid-stride loops.
 // Math as in models/layers/Activation.h, Dropout.h and ImageInput.h.
 
-#include "core/Random.h"
+#include <algorithm>
 #include <type_traits>
+
+#include "core/Random.h"
+#include "core/cuda/CudaRuntime.h"
 
 #include "models/kernels/Convert.cuh"
 #include "models/kernels/CudaLayers.h"
@@ -129,9 +132,15 @@ void dropoutForward(Tensor& y, Tensor& mask, const Tensor& x, float p, uint64_t 
                     const int64_t* rowIds) {
   const int64_t N = std::max<int64_t>(1, x.dim(0)), F = x.numel() / N;
   Tensor ids;
-  if (rowIds) {  // N ids, a few KB: uploaded with the step
-    Tensor host = Tensor::fromBlob(const_cast<int64_t*>(rowIds), {N}, DType::kI64);
-    ids = host.to(x.device());
+  if (rowIds) {
+    // N ids, a few KB, uploaded through pinned memory on the compute stream: asynchronous (the
+    // pageable copy it replaces synchronised the stream in every training step, so the host's
+    // launches of the next layers no longer overlapped the GPU). The pinned block returns to its
+    // cache behind an event on this stream.
+    Tensor host = Tensor::empty({N}, DType::kI64, CudaRuntime::require().pinned());
+    std::copy(rowIds, rowIds + N, host.data<int64_t>());
+    ids = Tensor::empty({N}, DType::kI64, x.device());
+    CUDA_CHECK(cudaMemcpyAsync(ids.rawData(), host.rawData(), host.nbytes(), cudaMemcpyHostToDevice, currentStream()));
   }
   dropoutFwd<<<gridFor1d(x.numel()), 256, 0, currentStream()>>>(
       x.data<float>(), y.data<float>(), mask.data<uint8_t>(), x.numel(), p, 1.f / (1.f - p), seed, stream,

@@ -74,6 +74,10 @@ void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind) 
 }
 
 Tensor ReLU::forward(const Tensor& x, Context& ctx) {
+  if (inputRectified_) {
+    if (ctx.training) y_ = x;
+    return x;
+  }
   Tensor y = Tensor::empty(x.shape(), DType::kF32, x.device());
   reluForward(y, x);
   if (ctx.training) y_ = y;

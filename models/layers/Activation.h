@@ -17,12 +17,16 @@ void reluBackward(Tensor& dx, const Tensor& dy, const Tensor& y);
 void geluForward(Tensor& y, const Tensor& x, GeluKind kind);
 void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind);
 
+// inputRectified: the layer before already applied the ReLU (a Conv2d with fuseRelu()); forward
+// then returns its input itself and keeps it for the backward mask.
 class ReLU : public Module {
  public:
+  explicit ReLU(bool inputRectified = false) : inputRectified_(inputRectified) {}
   std::string kind() const override { return "relu"; }
   CachePlan cachePlan(const Shape&, const PlanContext&) const override {
     CachePlan p;
     p.output = true;
+    p.outputAliasesInput = inputRectified_;
     return p;
   }
   Tensor forward(const Tensor& x, Context& ctx) override;
@@ -32,6 +36,7 @@ class ReLU : public Module {
   int64_t cachedBytes() const override { return y_.defined() ? static_cast<int64_t>(y_.nbytes()) : 0; }
 
  private:
+  bool inputRectified_;
   Tensor y_;
 };
 

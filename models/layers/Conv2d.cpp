@@ -128,10 +128,9 @@ void col2imNhwc(const float* col, float* dx, const Conv2dGeometry& g) {
 
 }  // namespace
 
-void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b,
-                   const Conv2dGeometry& g) {
-  MT_CHECK(w.numel() == g.O * g.K(), "conv2d weight ", w.str(), " does not match geometry");
-  MT_DISPATCH_CUDA(x, conv2dForward(y, col, x, w, b, g));
+namespace {
+void conv2dForwardCpu(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b,
+                      const Conv2dGeometry& g) {
   const int64_t K = g.K(), P = g.positions(), OHW = g.OH * g.OW;
   MT_CHECK(col.numel() >= P * K, "conv2d col buffer too small");
   float* colp = col.data<float>();
@@ -160,6 +159,19 @@ void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, con
       }
     });
   }
+}
+}  // namespace
+
+void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b,
+                   const Conv2dGeometry& g, bool relu) {
+  MT_CHECK(w.numel() == g.O * g.K(), "conv2d weight ", w.str(), " does not match geometry");
+  MT_DISPATCH_CUDA(x, conv2dForward(y, col, x, w, b, g, relu));
+  conv2dForwardCpu(y, col, x, w, b, g);
+  if (!relu) return;
+  float* p = y.data<float>();  // as ReLU does it: NaN propagates
+  parallelFor(y.numel(), 4096, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) p[i] = p[i] > 0.f || std::isnan(p[i]) ? p[i] : 0.f;
+  });
 }
 
 void conv2dBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& col,
@@ -236,7 +248,7 @@ Tensor Conv2d::forward(const Tensor& x, Context& ctx) {
   Tensor y = Tensor::empty(outputShape(x.shape()), DType::kF32, x.device());
   // cuDNN needs no im2col buffer; the CPU path keeps it for backward.
   Tensor col = x.device().isCpu() ? Tensor::empty({g.positions() * g.K()}, DType::kF32) : Tensor();
-  conv2dForward(y, col, x, w_->value, b_ ? &b_->value : nullptr, g);
+  conv2dForward(y, col, x, w_->value, b_ ? &b_->value : nullptr, g, fusedRelu_);
   if (ctx.training) {
     x_ = x;
     col_ = col;

@@ -6,6 +6,11 @@
 //   dW += dy ⊗ col                (accumulates)
 //   db += sum over n,oh,ow of dy  (accumulates)
 //   dx  = col2im(W^T · dy)        (overwrites)
+// With a fused ReLU (fuseRelu(), set by the CNN builder when a ReLU follows) forward returns
+// relu(y) — the ReLU module after it then passes its input through (ReLU(inputRectified)) and does
+// the backward mask as before, so backward here still receives d(y). On cuDNN the bias and the
+// ReLU run in the convolution call (cudnnConvolutionBiasActivationForward): two passes over the
+// output fewer.
 // Layout NCHW: x [N,C,H,W], W [O,C,KH,KW], y [N,O,OH,OW].
 // Layout NHWC: x [N,H,W,C], W [O,KH,KW,C], y [N,OH,OW,O].
 
@@ -24,7 +29,7 @@ struct Conv2dGeometry {
 
 // col must hold g.positions() * g.K() floats; it is an output of forward and an input of backward.
 void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b,
-                   const Conv2dGeometry& g);
+                   const Conv2dGeometry& g, bool relu = false);
 void conv2dBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& col,
                     const Tensor& w, const Conv2dGeometry& g);
 
@@ -60,11 +65,13 @@ class Conv2d : public Module {
   int64_t cachedBytes() const override;
   Param* weight() const { return w_; }
   Param* bias() const { return b_; }
+  void fuseRelu() { fusedRelu_ = true; }
 
  private:
   Layout layout_;
   int64_t in_, out_, k_, stride_, pad_;
   bool hasBias_;
+  bool fusedRelu_ = false;
   Param* w_ = nullptr;
   Param* b_ = nullptr;
   Tensor x_, col_;

@@ -4,7 +4,11 @@
 #   bash scripts/device/run_on_device.sh exec bash scripts/device/profile_step.sh [kernels]
 # Writes $OUT/step_kernels.csv (raw) and prints the table. Kernel durations are measured with the
 # kernels serialised, so their sum is the step's GPU time without overlap.
+# CONFIG (default configs/gpt_d12.ini) and ARGS (extra trainer overrides) profile another model, e.g.
+#   CONFIG=configs/fashion_cnn.ini ARGS="--data.path=$FASHION_H5 --train.device=cuda --train.batch_size=1024
+#   --train.max_steps=3" (the overrides come last and win over the GPT defaults below).
 set -euo pipefail
+# shellcheck disable=SC2086  # ARGS is split into words on purpose
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/profile_step}"
 mkdir -p "$out" datasets
@@ -15,8 +19,8 @@ if [[ ! -f $tokens ]]; then
 fi
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base -c "${1:-2500}" \
-  "${TRAINER:-dist/bin/trainer}" --config configs/gpt_d12.ini --data.path=$tokens --train.max_steps=1 --train.eval_batches=1 \
-  --run.dir=/tmp/profile_step --run.name=p >"$out/step_kernels.csv" 2>"$out/ncu.err" || true
+  "${TRAINER:-dist/bin/trainer}" --config "${CONFIG:-configs/gpt_d12.ini}" --data.path=$tokens --train.max_steps=1 \
+  --train.eval_batches=1 --run.dir=/tmp/profile_step --run.name=p ${ARGS:-} >"$out/step_kernels.csv" 2>"$out/ncu.err" || true
 python3 - "$out/step_kernels.csv" <<'PY'
 import csv, sys, collections, re
 rows = list(csv.reader(open(sys.argv[1])))

@@ -135,22 +135,25 @@ TEST(GpuParity, LinearGeluEpilogues) {
   }
 }
 
-void convCase(Layout layout, int64_t k, int64_t s, int64_t pad, MatmulPrecision p, double tol) {
+// O = 10: the scalar NHWC bias-gradient kernel; O = 32 with N = 40 (7 800 output positions: 121
+// blocks of 32 rows per pass, so every block strides twice or more): the float4 one.
+void convCase(Layout layout, int64_t k, int64_t s, int64_t pad, MatmulPrecision p, double tol, int64_t O = 10,
+              int64_t N = 4, int64_t C = 6, bool relu = false) {
   PrecisionScope scope(p);
-  Shape xs = layout == Layout::kNCHW ? Shape{4, 6, 15, 13} : Shape{4, 15, 13, 6};
+  Shape xs = layout == Layout::kNCHW ? Shape{N, C, 15, 13} : Shape{N, 15, 13, C};
   Tensor x = randomTensor(xs, 11);
-  Conv2dGeometry g = Conv2dGeometry::make(layout, xs, 10, k, s, pad);
-  Shape ws = layout == Layout::kNCHW ? Shape{10, 6, k, k} : Shape{10, k, k, 6};
-  Shape ys = layout == Layout::kNCHW ? Shape{4, 10, g.OH, g.OW} : Shape{4, g.OH, g.OW, 10};
-  Tensor w = randomTensor(ws, 12, 0.2f), b = randomTensor({10}, 13), dy = randomTensor(ys, 14);
+  Conv2dGeometry g = Conv2dGeometry::make(layout, xs, O, k, s, pad);
+  Shape ws = layout == Layout::kNCHW ? Shape{O, C, k, k} : Shape{O, k, k, C};
+  Shape ys = layout == Layout::kNCHW ? Shape{N, O, g.OH, g.OW} : Shape{N, g.OH, g.OW, O};
+  Tensor w = randomTensor(ws, 12, 0.2f), b = randomTensor({O}, 13), dy = randomTensor(ys, 14);
   Tensor col = Tensor::empty({g.positions() * g.K()}, DType::kF32);
   Tensor y = Tensor::zeros(ys, DType::kF32), dx = zerosLike(x, Device::cpu()), dw = zerosLike(w, Device::cpu()),
-         db = zerosLike(b, Device::cpu());
-  conv2dForward(y, col, x, w, &b, g);
+         db = randomTensor({O}, 15);  // the bias gradient accumulates
+  conv2dForward(y, col, x, w, &b, g, relu);
   conv2dBackward(&dx, dw, &db, dy, x, col, w, g);
   Tensor gx = gpu(x), gw = gpu(w), gb = gpu(b), gdy = gpu(dy), none;
-  Tensor gy = zerosLike(y, kGpu), gdx = zerosLike(x, kGpu), gdw = zerosLike(w, kGpu), gdb = zerosLike(b, kGpu);
-  conv2dForward(gy, none, gx, gw, &gb, g);
+  Tensor gy = zerosLike(y, kGpu), gdx = zerosLike(x, kGpu), gdw = zerosLike(w, kGpu), gdb = gpu(randomTensor({O}, 15));
+  conv2dForward(gy, none, gx, gw, &gb, g, relu);
   conv2dBackward(&gdx, gdw, &gdb, gdy, gx, none, gw, g);
   EXPECT_LT(relErr(gy, y), tol) << layoutName(layout);
   EXPECT_LT(relErr(gdx, dx), tol) << layoutName(layout);
@@ -162,30 +165,47 @@ TEST(GpuParity, ConvF32) {
     convCase(l, 3, 1, 1, MatmulPrecision::kF32, kF32);
     convCase(l, 3, 2, 0, MatmulPrecision::kF32, kF32);
     convCase(l, 5, 1, 2, MatmulPrecision::kF32, kF32);
+    convCase(l, 3, 1, 1, MatmulPrecision::kF32, kF32, /*O=*/32, /*N=*/40, /*C=*/1);
+    // The fused ReLU (cudnnConvolutionBiasActivationForward) against the CPU's conv then ReLU.
+    convCase(l, 3, 1, 1, MatmulPrecision::kF32, kF32, /*O=*/32, /*N=*/6, /*C=*/8, /*relu=*/true);
+    // Single-channel stems (NHWC: our kernels for forward and the weight/bias gradients).
+    convCase(l, 3, 1, 1, MatmulPrecision::kF32, kF32, /*O=*/32, /*N=*/40, /*C=*/1, /*relu=*/true);
+    convCase(l, 5, 1, 2, MatmulPrecision::kF32, kF32, /*O=*/16, /*N=*/9, /*C=*/1);
   }
 }
 TEST(GpuParity, ConvBF16) {
-  for (Layout l : {Layout::kNCHW, Layout::kNHWC}) convCase(l, 3, 1, 1, MatmulPrecision::kBF16, kBF16);
+  for (Layout l : {Layout::kNCHW, Layout::kNHWC}) {
+    convCase(l, 3, 1, 1, MatmulPrecision::kBF16, kBF16);
+    convCase(l, 3, 1, 1, MatmulPrecision::kBF16, kBF16, /*O=*/32, /*N=*/6, /*C=*/8, /*relu=*/true);
+  }
 }
 
+// Shapes for both kernel pairs: the generic one (NCHW, overlapping windows k = 3, C = 5) and the
+// vectorised NHWC one (k = stride = 2, C a multiple of 4), with H, W odd (inputs in no window) and
+// even; the GPU outputs start poisoned so an unwritten element fails.
 TEST(GpuParity, MaxPool) {
   for (Layout l : {Layout::kNCHW, Layout::kNHWC})
-    for (int64_t k : {2, 3}) {
-      Shape xs = l == Layout::kNCHW ? Shape{3, 5, 11, 9} : Shape{3, 11, 9, 5};
-      Tensor x = randomTensor(xs, 21);
-      PoolGeometry g = PoolGeometry::make(l, xs, k, 2);
-      Shape ys = l == Layout::kNCHW ? Shape{3, 5, g.OH, g.OW} : Shape{3, g.OH, g.OW, 5};
-      Tensor dy = randomTensor(ys, 22);
-      Tensor y = Tensor::zeros(ys, DType::kF32), arg = Tensor::empty(ys, DType::kI32), dx = zerosLike(x, Device::cpu());
-      maxPool2dForward(y, &arg, x, g);
-      maxPool2dBackward(dx, dy, arg, g);
-      Tensor gy = zerosLike(y, kGpu), garg = Tensor::empty(ys, DType::kI32, kGpu), gdx = zerosLike(x, kGpu);
-      Tensor gx = gpu(x);
-      maxPool2dForward(gy, &garg, gx, g);
-      maxPool2dBackward(gdx, gpu(dy), garg, g);
-      EXPECT_EQ(relErr(gy, y), 0.0);
-      EXPECT_LT(relErr(gdx, dx), 1e-6);
-    }
+    for (int64_t C : {5, 8, 32})
+      for (int64_t H : {11, 12})
+        for (int64_t k : {2, 3}) {
+          const int64_t W = H - 2;
+          Shape xs = l == Layout::kNCHW ? Shape{3, C, H, W} : Shape{3, H, W, C};
+          Tensor x = randomTensor(xs, 21);
+          PoolGeometry g = PoolGeometry::make(l, xs, k, 2);
+          Shape ys = l == Layout::kNCHW ? Shape{3, C, g.OH, g.OW} : Shape{3, g.OH, g.OW, C};
+          Tensor dy = randomTensor(ys, 22);
+          Tensor y = Tensor::zeros(ys, DType::kF32), arg = Tensor::empty(ys, DType::kI32),
+                 dx = zerosLike(x, Device::cpu());
+          maxPool2dForward(y, &arg, x, g);
+          maxPool2dBackward(dx, dy, arg, g);
+          Tensor gy = poisoned(ys, DType::kF32), garg = Tensor::empty(ys, DType::kI32, kGpu),
+                 gdx = poisoned(xs, DType::kF32);
+          Tensor gx = gpu(x);
+          maxPool2dForward(gy, &garg, gx, g);
+          maxPool2dBackward(gdx, gpu(dy), garg, g);
+          EXPECT_EQ(relErr(gy, y), 0.0) << layoutName(l) << " C=" << C << " H=" << H << " k=" << k;
+          EXPECT_LT(relErr(gdx, dx), 1e-6) << layoutName(l) << " C=" << C << " H=" << H << " k=" << k;
+        }
 }
 
 TEST(GpuParity, Elementwise) {
