@@ -4,8 +4,9 @@
 // the fastest deterministic one); either skips algorithms whose workspace exceeds kMaxWorkspace.
 // Heuristics won on the H200 (fashion_cnn bf16, batch 1024: 655K against 501K samples/s): their
 // weight-gradient pick (algo 0) accumulates with atomics, which the deterministic filter excludes,
-// and Find's one-shot timings vary by 2x between runs. The workspace comes from the caching pool. In f32 precision cuDNN is held to FMA math (no TF32) so
-// results match the CPU within 1e-4; in bf16/f16 precision tensor-core math (TF32) is allowed.
+// and Find's one-shot timings vary by 2x between runs. The workspace comes from the caching pool.
+// In f32 precision cuDNN is held to FMA math (no TF32) so results match the CPU within 1e-4; in
+// bf16/f16 precision tensor-core math (TF32) is allowed.
 // Backward accumulates dW and db (beta = 1) and overwrites dx. The NHWC bias gradient is our own
 // column-sum kernel: cudnnConvolutionBackwardBias took 2.1 ms per call on a [1024,28,28,32] f32
 // gradient on the H200 (calc_bias_diff_nhwc_packed), 40 times its byte floor.
@@ -13,7 +14,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <tuple>
 
 #include "core/EnvParams.h"
@@ -125,7 +125,7 @@ ConvPlan& planFor(const Conv2dGeometry& g, CudaRuntime& rt) {
 // db[c] += sum over rows r of dy[r, c] (NHWC: rows are the N*OH*OW positions), deterministic:
 // each of a fixed number of blocks sums a fixed strided set of rows, VEC channels per thread with
 // VEC-wide loads, threads of one channel group combined in shared memory in a fixed order; a second
-// kernel adds the per-block partials in block order.
+// kernel (addBlockPartials, also the stem gradient's) adds the per-block partials in block order.
 constexpr int kBiasBlocks = 264, kBiasThreads = 256;
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.rawData()) % 16 == 0; }
 template <int VEC>
@@ -158,16 +158,21 @@ __global__ void biasGradPartial(const float* __restrict__ dy, float* __restrict_
     for (int i = 0; i < VEC; ++i) part[static_cast<int64_t>(blockIdx.x) * C + tid * VEC + i] = s[i];
   }
 }
-__global__ void biasGradFinal(const float* __restrict__ part, float* __restrict__ db, int blocks, int C) {
+// dst[c] += sum over b < blocks of part[b * ld + c], for c < C, in block order.
+__global__ void addBlockPartials(const float* __restrict__ part, float* __restrict__ dst, int blocks, int C, int ld) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float acc = 0.f;
-  for (int b = 0; b < blocks; ++b) acc += part[static_cast<int64_t>(b) * C + c];
-  db[c] += acc;
+  for (int b = 0; b < blocks; ++b) acc += part[static_cast<int64_t>(b) * ld + c];
+  dst[c] += acc;
+}
+void addBlockPartialsLaunch(const float* part, float* dst, int blocks, int C, int ld) {
+  addBlockPartials<<<(C + 127) / 128, 128, 0, currentStream()>>>(part, dst, blocks, C, ld);
+  checkLaunch();
 }
 
 void biasGradNhwc(const Tensor& dy, Tensor& db, int64_t rows, int64_t C) {
-  const bool vec = C % 4 == 0 && C / 4 <= kBiasThreads && reinterpret_cast<uintptr_t>(dy.rawData()) % 16 == 0;
+  const bool vec = C % 4 == 0 && C / 4 <= kBiasThreads && aligned16(dy);
   const int blocks = static_cast<int>(std::min<int64_t>(kBiasBlocks, std::max<int64_t>(1, rows / 64)));
   Tensor part = Tensor::empty({blocks, C}, DType::kF32, dy.device());
   const size_t smem = kBiasThreads * (vec ? 4 : 1) * sizeof(float);
@@ -178,10 +183,7 @@ void biasGradNhwc(const Tensor& dy, Tensor& db, int64_t rows, int64_t C) {
     biasGradPartial<1><<<blocks, kBiasThreads, smem, currentStream()>>>(dy.data<float>(), part.data<float>(), rows,
                                                                         static_cast<int>(C));
   checkLaunch();
-  biasGradFinal<<<static_cast<unsigned>((C + 127) / 128), 128, 0, currentStream()>>>(part.data<float>(),
-                                                                                      db.data<float>(), blocks,
-                                                                                      static_cast<int>(C));
-  checkLaunch();
+  addBlockPartialsLaunch(part.data<float>(), db.data<float>(), blocks, static_cast<int>(C), static_cast<int>(C));
 }
 
 // ---- single-channel stem convolution (NHWC, C = 1, stride 1, k = 3 or 5) ----------------------
@@ -232,7 +234,7 @@ __global__ void stemForward(const float* __restrict__ x, const float* __restrict
   }
 }
 
-// part[block][t*O + o] for the K*K taps, then part[block][K*K*O + o] the bias sums.
+// part[block][o*K*K + t] (dw's layout) for the K*K taps, then part[block][K*K*O + o] the bias sums.
 template <int K>
 __global__ void stemGradPartial(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ part,
                                 StemGeo g) {
@@ -273,23 +275,10 @@ __global__ void stemGradPartial(const float* __restrict__ x, const float* __rest
 #pragma unroll
         for (int e = 0; e < 4; ++e) r[e] += sh[(l * O4 + tid) * 4 + e];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[t * g.O + 4 * tid + e] = r[e];
+      for (int e = 0; e < 4; ++e) out[t < kTaps ? (4 * tid + e) * kTaps + t : kTaps * g.O + 4 * tid + e] = r[e];
     }
     __syncthreads();
   }
-}
-
-// dw[o*K*K + t] += sum over blocks of part[.][t*O + o]; db[o] += the bias row (when db).
-__global__ void stemGradFinal(const float* __restrict__ part, float* __restrict__ dw, float* __restrict__ db,
-                              int blocks, int taps, int O) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x, row = (taps + 1) * O;
-  if (i >= row) return;
-  const int t = i / O, o = i % O;
-  if (t == taps && !db) return;
-  float acc = 0.f;
-  for (int bk = 0; bk < blocks; ++bk) acc += part[static_cast<int64_t>(bk) * row + i];
-  if (t == taps) db[o] += acc;
-  else dw[o * taps + t] += acc;
 }
 
 StemGeo stemGeo(const Conv2dGeometry& g) {
@@ -322,11 +311,9 @@ void stemGradLaunch(Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, c
     stemGradPartial<5><<<blocks, kBiasThreads, 0, currentStream()>>>(x.data<float>(), dy.data<float>(),
                                                                      part.data<float>(), stemGeo(g));
   checkLaunch();
-  const int row = (taps + 1) * static_cast<int>(g.O);
-  stemGradFinal<<<(row + 127) / 128, 128, 0, currentStream()>>>(part.data<float>(), dw.data<float>(),
-                                                                 db ? db->data<float>() : nullptr, blocks, taps,
-                                                                 static_cast<int>(g.O));
-  checkLaunch();
+  const int O = static_cast<int>(g.O), row = (taps + 1) * O;
+  addBlockPartialsLaunch(part.data<float>(), dw.data<float>(), blocks, taps * O, row);
+  if (db) addBlockPartialsLaunch(part.data<float>() + taps * O, db->data<float>(), blocks, O, row);
 }
 
 }  // namespace

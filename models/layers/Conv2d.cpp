@@ -6,6 +6,7 @@
 #include "core/Parallel.h"
 #include "models/Init.h"
 #include "models/kernels/Dispatch.h"
+#include "models/layers/Activation.h"
 #include "models/layers/Gemm.h"
 
 namespace mt {
@@ -167,11 +168,7 @@ void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, con
   MT_CHECK(w.numel() == g.O * g.K(), "conv2d weight ", w.str(), " does not match geometry");
   MT_DISPATCH_CUDA(x, conv2dForward(y, col, x, w, b, g, relu));
   conv2dForwardCpu(y, col, x, w, b, g);
-  if (!relu) return;
-  float* p = y.data<float>();  // as ReLU does it: NaN propagates
-  parallelFor(y.numel(), 4096, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) p[i] = p[i] > 0.f || std::isnan(p[i]) ? p[i] : 0.f;
-  });
+  if (relu) reluForward(y, y);  // in place, ReLU's own kernel
 }
 
 void conv2dBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& col,
