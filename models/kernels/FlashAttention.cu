@@ -1,4 +1,6 @@
-// FlashAttention-2-style causal attention (math and layout in models/kernels/FlashAttention.h).
+// FlashAttention-2-style causal attention (math and layout in models/kernels/FlashAttention.h):
+// the mma.sync kernels, the pre-pass and dq conversion, the variant tables and the entry points.
+// The wgmma kernels for sm_90a are in FlashAttentionSm90.cu and listed first in the tables.
 //
 // Tensor-core fragments (PTX ISA, mma.m16n8k16 with .bf16/.f16 operands, f32 accumulators), for
 // lane = 4 g + t (g = lane / 4, t = lane % 4):
@@ -14,7 +16,7 @@
 // S = q k^T and the next K load overlaps O += P v.
 // Backward: one block per (tile of BC = 16 * WARPS keys, b*h); each warp owns 16 keys and computes
 // S^T = k q^T (keys as rows), so P^T and dS^T are A operands of dV += P^T dO and dK += dS^T q from
-// registers; dS^T goes to shared memory once for dQ += dS k, added to global f32 with float2
+// registers; dS^T goes to shared memory once for dQ += dS k, added to global f32 with float4
 // atomics. Query tiles (q, dO, lse, D) are double-buffered.
 
 #include <cuda_bf16.h>
@@ -25,67 +27,15 @@
 
 #include "core/Check.h"
 #include "core/cuda/CudaCheck.h"
-#include "models/kernels/CpAsync.cuh"
 #include "models/kernels/FlashAttention.h"
+#include "models/kernels/FlashCommon.cuh"
 
 namespace mt::cuda {
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using namespace flash;
 
-// ---- PTX wrappers ---------------------------------------------------------------------------
-
-__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smemAddr(smem)));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smemAddr(smem)));
-}
-__device__ __forceinline__ float fastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <typename T>
-struct Mma;
-template <>
-struct Mma<__nv_bfloat16> {
-  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
-template <>
-struct Mma<__half> {
-  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
-
-// Dtype codes passed to kernels (uniform branches in epilogues, not template parameters, so the
-// output dtype does not multiply the number of kernels).
-enum : int { kOutF32 = 0, kOutBF16 = 1, kOutF16 = 2 };
 int outCode(DType d) {
   switch (d) {
     case DType::kF32: return kOutF32;
@@ -95,56 +45,8 @@ int outCode(DType d) {
   }
   return 0;
 }
-__device__ __forceinline__ void storePair(void* base, int64_t idx, int code, float a, float b) {
-  if (code == kOutF32) *reinterpret_cast<float2*>(static_cast<float*>(base) + idx) = make_float2(a, b);
-  else if (code == kOutBF16)
-    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + idx) = __floats2bfloat162_rn(a, b);
-  else *reinterpret_cast<__half2*>(static_cast<__half*>(base) + idx) = __floats2half2_rn(a, b);
-}
-__device__ __forceinline__ float loadAs(const void* base, int64_t idx, int code) {
-  if (code == kOutF32) return static_cast<const float*>(base)[idx];
-  if (code == kOutBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[idx]);
-  return __half2float(static_cast<const __half*>(base)[idx]);
-}
-
-__device__ __forceinline__ float roundTo(float x, int code) {
-  if (code == kOutBF16) return __bfloat162float(__float2bfloat16_rn(x));
-  if (code == kOutF16) return __half2float(__float2half_rn(x));
-  return x;
-}
-
-// ROWS x D tile starting at row `row0` of a [T, D] slice with row stride st, into shared memory
-// with row stride LD; rows >= T are zero-filled.
-template <int ROWS, int D, int LD, int NTHREADS, typename T>
-__device__ __forceinline__ void loadTile(T* s, const T* g, int64_t st, int row0, int rows, int tid) {
-  constexpr int kChunksPerRow = D / 8, kTotal = ROWS * kChunksPerRow;
-#pragma unroll
-  for (int i = tid; i < kTotal; i += NTHREADS) {
-    const int r = i / kChunksPerRow, c = i % kChunksPerRow, row = row0 + r;
-    const bool ok = row < rows;
-    cpAsync16(s + r * LD + c * 8, g + static_cast<int64_t>(ok ? row : 0) * st + c * 8, ok);
-  }
-}
-// N floats (N % 4 == 0) starting at element i0 of a row padded to a multiple of 4; chunks starting
-// at or past `valid` are zero-filled.
-template <int N, int NTHREADS>
-__device__ __forceinline__ void loadFloats(float* s, const float* g, int i0, int valid, int tid) {
-  for (int c = tid; c < N / 4; c += NTHREADS) {
-    const bool ok = i0 + 4 * c < valid;
-    cpAsync16(s + 4 * c, g + (ok ? i0 + 4 * c : 0), ok);
-  }
-}
 
 // ---- forward --------------------------------------------------------------------------------
-
-struct FwdArgs {
-  const void *q, *k, *v;
-  void* o;
-  float* lse;
-  int64_t qsb, qst, qsh, ksb, kst, ksh, vsb, vst, vsh, osb, ost, osh;
-  int T, H, Tp, oCode;
-  float scale;
-};
 
 // Q tile (BR rows) plus two stages of K and V tiles.
 template <int D, int WARPS, int BC, int MW>
@@ -325,53 +227,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) flashForwardKernel(const Fwd
 
 // ---- backward -------------------------------------------------------------------------------
 
-// 8 consecutive elements as floats / from floats; vec: 16-byte aligned (else element by element).
-__device__ __forceinline__ void load8(const void* base, int64_t idx, int code, bool vec, float (&x)[8]) {
-  if (vec && code == kOutF32) {
-    const float4 u = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + idx);
-    const float4 w = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + idx + 4);
-    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = w.x, x[5] = w.y, x[6] = w.z, x[7] = w.w;
-  } else if (vec) {
-    const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + idx);
-    const uint32_t words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (code == kOutBF16) {
-        const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&words[i]);
-        x[2 * i] = __low2float(v), x[2 * i + 1] = __high2float(v);
-      } else {
-        const __half2 v = *reinterpret_cast<const __half2*>(&words[i]);
-        x[2 * i] = __low2float(v), x[2 * i + 1] = __high2float(v);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = loadAs(base, idx + i, code);
-  }
-}
-__device__ __forceinline__ void store8(void* base, int64_t idx, int code, bool vec, const float (&x)[8]) {
-  if (vec && code == kOutF32) {
-    *reinterpret_cast<float4*>(static_cast<float*>(base) + idx) = make_float4(x[0], x[1], x[2], x[3]);
-    *reinterpret_cast<float4*>(static_cast<float*>(base) + idx + 4) = make_float4(x[4], x[5], x[6], x[7]);
-  } else if (vec) {
-    uint32_t words[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (code == kOutBF16) {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
-        words[i] = *reinterpret_cast<const uint32_t*>(&v);
-      } else {
-        const __half2 v = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
-        words[i] = *reinterpret_cast<const uint32_t*>(&v);
-      }
-    }
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(base) + idx) = make_uint4(words[0], words[1], words[2], words[3]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) storePair(base, idx + i, code, x[i], x[i + 1]);
-  }
-}
-
 // delta[bh][t] = sum_j dO * O, dO copied into the input dtype when it arrives in another one, and
 // the f32 dq accumulator zeroed. One thread per 8 elements, D / 8 threads per (b, t, h) row.
 struct PrepArgs {
@@ -438,16 +293,6 @@ __global__ void flashDqConvertKernel(const float* acc, void* dq, int64_t sb, int
   }
 }
 
-struct BwdArgs {
-  const void *q, *k, *v, *dO;
-  const float *lse, *delta;
-  float* dq;  // f32 accumulator
-  void *dk, *dv;
-  int64_t qsb, qst, qsh, ksb, kst, ksh, vsb, vst, vsh, gsb, gst, gsh;
-  int64_t dqsb, dqst, dqsh, dksb, dkst, dksh, dvsb, dvst, dvsh;
-  int T, H, Tp, dkCode, dvCode;
-  float scale;
-};
 
 template <int D, int WARPS, int BRQ>
 constexpr size_t bwdSmemBytes() {
@@ -708,10 +553,15 @@ struct Variant {
   DType dtype;
   const char* name;
   L launch;
+  bool sm90 = false;  // wgmma (FlashAttentionSm90.cu): listed only where sm90KernelsUsable()
 };
-// The first entry for each (D, dtype) is the default.
+// The first usable entry for each (D, dtype) is the default.
 const Variant<FwdLaunch> kFwd[] = {
-    // Default: fastest at T = 1024 and 2048 on the H200 (scripts/bench/attention_bench, 2026-12-02).
+    {64, DType::kBF16, "fwd wgmma bc64", launchForwardSm90<64, 2, 2, __nv_bfloat16>, true},
+    {64, DType::kBF16, "fwd wgmma1 bc64", launchForwardSm90<64, 1, 4, __nv_bfloat16>, true},
+    {64, DType::kBF16, "fwd wgmma bc128", launchForwardSm90<128, 2, 1, __nv_bfloat16>, true},
+    {64, DType::kF16, "fwd wgmma bc64", launchForwardSm90<64, 2, 2, __half>, true},
+    // Default without wgmma: fastest at T = 1024 and 2048 on the H200 (attention_bench, 2026-12-02).
     {64, DType::kBF16, "fwd w4 bc64 m2", launchForward<64, 4, 64, 2, 1, __nv_bfloat16>},
     {64, DType::kBF16, "fwd w8 bc64 lb2", launchForward<64, 8, 64, 1, 2, __nv_bfloat16>},
     {64, DType::kBF16, "fwd w8 bc64 m2", launchForward<64, 8, 64, 2, 1, __nv_bfloat16>},
@@ -724,6 +574,9 @@ const Variant<FwdLaunch> kFwd[] = {
     {32, DType::kF16, "fwd w4 bc64", launchForward<32, 4, 64, 1, 1, __half>},
 };
 const Variant<BwdLaunch> kBwd[] = {
+    {64, DType::kBF16, "bwd wgmma x2", launchBackwardSm90<2, 1, __nv_bfloat16>, true},
+    {64, DType::kBF16, "bwd wgmma x1", launchBackwardSm90<1, 2, __nv_bfloat16>, true},
+    {64, DType::kF16, "bwd wgmma x2", launchBackwardSm90<2, 1, __half>, true},
     {64, DType::kBF16, "bwd w8 brq64", launchBackward<64, 8, 64, true, 1, __nv_bfloat16>},
     {64, DType::kBF16, "bwd w4 brq64", launchBackward<64, 4, 64, true, 1, __nv_bfloat16>},
     {64, DType::kBF16, "bwd w4 brq32 lb3", launchBackward<64, 4, 32, true, 3, __nv_bfloat16>},
@@ -736,17 +589,21 @@ const Variant<BwdLaunch> kBwd[] = {
     {32, DType::kF16, "bwd w4 brq64", launchBackward<32, 4, 64, true, 1, __half>},
 };
 
+template <typename L>
+bool usable(const Variant<L>& v, int64_t D, DType t) {
+  return v.D == D && v.dtype == t && (!v.sm90 || sm90KernelsUsable());
+}
 template <typename L, size_t N>
 const Variant<L>* findVariant(const Variant<L> (&table)[N], int64_t D, DType t, int variant) {
   int seen = 0;
   for (const auto& v : table)
-    if (v.D == D && v.dtype == t && seen++ == variant) return &v;
+    if (usable(v, D, t) && seen++ == variant) return &v;
   return nullptr;
 }
 template <typename L, size_t N>
 int countVariants(const Variant<L> (&table)[N], int64_t D, DType t) {
   int n = 0;
-  for (const auto& v : table) n += v.D == D && v.dtype == t;
+  for (const auto& v : table) n += usable(v, D, t);
   return n;
 }
 

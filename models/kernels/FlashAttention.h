@@ -1,6 +1,8 @@
 #pragma once
 // Causal self-attention without a T x T matrix (FlashAttention-2, Dao 2023), our own CUDA kernels
-// on the tensor cores (mma.sync m16n8k16, bf16 or f16 operands, f32 accumulation).
+// on the tensor cores, bf16 or f16 operands, f32 accumulation: warpgroup MMA (wgmma) at head dim 64
+// on sm_90a devices (models/kernels/FlashAttentionSm90.cu, the default there), mma.sync m16n8k16
+// everywhere else and for head dims 32 / 128 (models/kernels/FlashAttention.cu).
 //   S = scale q k^T (causal: key s <= query t),  P = softmax_s(S),  O = P v
 //   forward : per tile of queries, stream tiles of k/v through shared memory with an online softmax
 //             (running row max m and sum l); tiles above the diagonal are skipped, the diagonal one
@@ -37,7 +39,8 @@ struct FlashProblem {
 
 // q, k, v in bf16 or f16 and a head dim the kernels are built for.
 bool flashSupported(int64_t headDim, DType inputDType);
-// Number of tile variants built for (D, dtype), and a short name ("fwd w4 bc64"); lab use.
+// Number of tile variants usable on the current device for (D, dtype), and a short name
+// ("fwd w4 bc64", "bwd wgmma x2"); variant 0 is the default. Lab use.
 int flashVariantCount(int64_t headDim, DType inputDType, bool backward);
 const char* flashVariantName(int64_t headDim, DType inputDType, bool backward, int variant);
 // Floats of the lse buffer: [B*H][roundUp(T, 4)], written by forward, read by backward.

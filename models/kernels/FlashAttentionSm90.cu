@@ -1,0 +1,439 @@
+// Causal flash attention on Hopper's warpgroup MMA (wgmma, sm_90a), head dim 64: the same math and
+// outputs as the mma.sync kernels in models/kernels/FlashAttention.cu (see FlashAttention.h), with
+// the matrix products issued per warpgroup of 4 warps from shared memory (models/kernels/Wgmma.cuh)
+// instead of per warp through ldmatrix: one 64-row product reads its shared operand once for the
+// four warps, and it runs asynchronously while the warps issue other work.
+//
+// Forward: one block per (NWG x 64 queries, b*h); warpgroup w owns 64 query rows. Per K/V tile of BC
+// keys (double-buffered through cp.async): S = q k^T (A = q, B = k, both K-major in shared memory),
+// masked and exponentiated in registers (online softmax), O += P v with P from registers (B = v,
+// MN-major: v's rows are the reduction index).
+// Backward: one block per (NWG x 64 keys, b*h); warpgroup w owns 64 keys. Per 64-query tile (q, dO,
+// lse, delta double-buffered): S^T = k q^T, dP^T = v dO^T (A = k / v, B = q / dO, K-major);
+// P^T in registers while dP^T still runs, then dV += P^T dO (A from registers, B MN-major) while
+// dS^T = P^T (dP^T - delta) is formed, dK += dS^T q, dS^T to the group's rows of shared memory,
+// and dQ += dS k over the group's own 64 keys (A = dS^T read M-major, B = k MN-major), added to the
+// f32 accumulator with float4 atomics. dk, dv overwritten, dq accumulated. Query tiles before the
+// block's first key are never visited; a group whose keys all follow the tile's queries skips it.
+// Measured against the mma.sync kernels and SDPA: docs/performance.md (attention table, v6).
+
+#include "core/cuda/CudaCheck.h"
+#include "models/kernels/FlashCommon.cuh"
+#include "models/kernels/Wgmma.cuh"
+
+namespace mt::cuda::flash {
+
+namespace {
+
+constexpr int kD = 64;             // head dim: one 128-byte swizzled row per tile row
+constexpr int kTileBytes64 = 8192;  // a 64 x 64 16-bit tile
+
+// ROWS rows of 64 elements from row `row0` of a [T, 64] slice (row stride st) into a swizzled tile;
+// rows >= rows are zero-filled.
+template <int ROWS, int NTHREADS, typename T>
+__device__ __forceinline__ void loadSwizzled(T* s, const T* g, int64_t st, int row0, int rows, int tid) {
+#pragma unroll
+  for (int i = tid; i < ROWS * 8; i += NTHREADS) {
+    const int r = i / 8, c = i % 8, row = row0 + r;
+    const bool ok = row < rows;
+    cpAsync16(s + wg::swz(r, c), g + static_cast<int64_t>(ok ? row : 0) * st + c * 8, ok);
+  }
+}
+
+// The dynamic shared memory, rounded up to the 1024-byte alignment the swizzle needs.
+__device__ __forceinline__ unsigned char* alignedSmem(unsigned char* raw) {
+  const uint32_t a = smemAddr(raw);
+  return raw + (((a + 1023u) & ~1023u) - a);
+}
+
+template <int BC, int NWG>
+constexpr size_t fwdSm90SmemBytes() {
+  return static_cast<size_t>(NWG * 64 + 4 * BC) * kD * 2 + 1024;
+}
+
+template <int BC, int NWG, int MINB, typename T>
+__global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const FwdArgs a) {
+#if MT_WGMMA
+  constexpr int kThreads = NWG * 128, BR = NWG * 64, NT = BC / 8, DT = kD / 8;
+  using W = wg::Wgmma<BC, T>;
+  using WO = wg::Wgmma<kD, T>;
+  extern __shared__ __align__(16) unsigned char smemRaw[];
+  T* sQ = reinterpret_cast<T*>(alignedSmem(smemRaw));
+  T* sK = sQ + BR * kD;      // [2][BC][64]
+  T* sV = sK + 2 * BC * kD;  // [2][BC][64]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int grp = warp / 4, wl = warp % 4;
+  const int nQ = (a.T + BR - 1) / BR;
+  const int qTile = nQ - 1 - static_cast<int>(blockIdx.y);  // heaviest tiles first
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int qBase = qTile * BR;
+  const T* Q = static_cast<const T*>(a.q) + b * a.qsb + h * a.qsh;
+  const T* K = static_cast<const T*>(a.k) + b * a.ksb + h * a.ksh;
+  const T* V = static_cast<const T*>(a.v) + b * a.vsb + h * a.vsh;
+
+  loadSwizzled<BR, kThreads>(sQ, Q, a.qst, qBase, a.T, tid);
+  loadSwizzled<BC, kThreads>(sK, K, a.kst, 0, a.T, tid);
+  loadSwizzled<BC, kThreads>(sV, V, a.vst, 0, a.T, tid);
+  cpAsyncCommit();
+
+  const int gFirst = qBase + grp * 64, gLast = gFirst + 63;  // the warpgroup's rows
+  const int row0 = gFirst + wl * 16 + g, row1 = row0 + 8;
+  float o[DT][4], s[NT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const float sl2 = a.scale * kLog2e;
+  const int kvEnd = min(a.T, qBase + BR);
+  const int nKV = (kvEnd + BC - 1) / BC;
+  const T* qg = sQ + grp * 64 * kD;
+
+  for (int j = 0; j < nKV; ++j) {
+    const int kBase = j * BC, stage = j & 1;
+    cpAsyncWait<0>();
+    wg::fenceProxyAsync();
+    __syncthreads();  // tile j in; every warpgroup is done with tile j-1 (its products waited on)
+    if (j + 1 < nKV) {
+      loadSwizzled<BC, kThreads>(sK + (stage ^ 1) * BC * kD, K, a.kst, kBase + BC, a.T, tid);
+      loadSwizzled<BC, kThreads>(sV + (stage ^ 1) * BC * kD, V, a.vst, kBase + BC, a.T, tid);
+      cpAsyncCommit();
+    }
+    if (kBase > gLast) continue;  // warpgroup-uniform: the whole tile is after the group's rows
+    const T* k = sK + stage * BC * kD;
+    const T* v = sV + stage * BC * kD;
+
+    wg::fenceOperand(s);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) W::template ss<0, 0>(s, wg::kmajor(qg + kk * 16), wg::kmajor(k + kk * 16), kk);
+    wg::commit();
+    wg::wait<0>();
+    wg::fenceOperand(s);
+
+    if (kBase + BC - 1 > gFirst + wl * 16) {  // the diagonal crosses the warp's rows: key > row masked
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int key = kBase + nt * 8 + 2 * t4;
+        if (key > row0) s[nt][0] = -INFINITY;
+        if (key + 1 > row0) s[nt][1] = -INFINITY;
+        if (key > row1) s[nt][2] = -INFINITY;
+        if (key + 1 > row1) s[nt][3] = -INFINITY;
+      }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float n0 = fmaxf(m0, mx0 * sl2), n1 = fmaxf(m1, mx1 * sl2);
+    // A row with nothing visible yet keeps -inf; use 0 so exp2 stays finite (all its p are 0).
+    const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+    const float alpha0 = fastExp2(m0 - u0), alpha1 = fastExp2(m1 - u1);
+    m0 = n0, m1 = n1;
+    l0 *= alpha0, l1 *= alpha1;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      o[dt][0] *= alpha0, o[dt][1] *= alpha0;
+      o[dt][2] *= alpha1, o[dt][3] *= alpha1;
+    }
+    uint32_t pa[BC / 16][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][0] = fastExp2(fmaf(s[nt][0], sl2, -u0));
+      s[nt][1] = fastExp2(fmaf(s[nt][1], sl2, -u0));
+      s[nt][2] = fastExp2(fmaf(s[nt][2], sl2, -u1));
+      s[nt][3] = fastExp2(fmaf(s[nt][3], sl2, -u1));
+      l0 += s[nt][0] + s[nt][1];
+      l1 += s[nt][2] + s[nt][3];
+      pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
+      pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
+    }
+    wg::fenceOperand(o);
+    wg::fence();
+#pragma unroll
+    for (int kc = 0; kc < BC / 16; ++kc) WO::template rs<1>(o, pa[kc], wg::mnmajor(v + kc * 16 * kD), 1);
+    wg::commit();
+    wg::wait<0>();  // before the barrier that lets this stage be reloaded
+    wg::fenceOperand(o);
+  }
+
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = 1.f / l0, inv1 = 1.f / l1;
+  const int64_t oBase = b * a.osb + h * a.osh;
+  if (row0 < a.T) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+      storePair(a.o, oBase + row0 * a.ost + dt * 8 + 2 * t4, a.oCode, o[dt][0] * inv0, o[dt][1] * inv0);
+    if (t4 == 0) a.lse[static_cast<int64_t>(bh) * a.Tp + row0] = m0 + log2f(l0);
+  }
+  if (row1 < a.T) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+      storePair(a.o, oBase + row1 * a.ost + dt * 8 + 2 * t4, a.oCode, o[dt][2] * inv1, o[dt][3] * inv1);
+    if (t4 == 0) a.lse[static_cast<int64_t>(bh) * a.Tp + row1] = m1 + log2f(l1);
+  }
+#else
+  __trap();  // launched only where sm90KernelsUsable()
+#endif
+}
+
+template <int NWG>
+constexpr size_t bwdSm90SmemBytes() {
+  // k, v (NWG x 64 rows each), q and dO double-buffered, dS^T, lse and delta double-buffered.
+  return static_cast<size_t>(2 * NWG + 4 + NWG) * kTileBytes64 + 4 * 64 * sizeof(float) + 1024;
+}
+
+// Barrier of the 128 threads of warpgroup `grp` (ids 1.., 0 is __syncthreads).
+__device__ __forceinline__ void groupBarrier(int grp) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(grp + 1) : "memory");
+}
+
+// dQ rows of a query tile += acc * scale (the accumulator of one warpgroup: rows 16 wl + g, +8;
+// columns 8 n + 2 t): pairs of lanes swap halves so each lane adds 4 consecutive floats (float4).
+__device__ __forceinline__ void addDq(const BwdArgs& a, int b, int h, int qBase, int wl, int g, int t4,
+                                      const float (&acc)[8][4]) {
+  const bool even = (t4 & 1) == 0;
+  const int row = qBase + wl * 16 + g + (even ? 0 : 8);
+  float* dQ = a.dq + b * a.dqsb + h * a.dqsh + static_cast<int64_t>(row) * a.dqst;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const float sx = even ? acc[n][2] : acc[n][0], sy = even ? acc[n][3] : acc[n][1];
+    const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
+    const float4 val = even ? make_float4(acc[n][0] * a.scale, acc[n][1] * a.scale, rx * a.scale, ry * a.scale)
+                            : make_float4(rx * a.scale, ry * a.scale, acc[n][2] * a.scale, acc[n][3] * a.scale);
+    if (row < a.T) atomicAdd(reinterpret_cast<float4*>(dQ + n * 8 + 2 * (t4 & 2)), val);  // after the shuffles
+  }
+}
+
+// Per query tile, each warpgroup runs its products as a pipeline of commit groups: S^T | dP^T, then
+// (exp while dP^T runs) dV += P^T dO, then dS^T and dK += dS^T q, then dQ_i = dS k over the group's
+// own 64 keys (no other warpgroup's dS^T needed, so only a barrier of its own 128 threads).
+template <int NWG, int MINB, typename T>
+__global__ void __launch_bounds__(NWG * 128, MINB) flashBackwardSm90Kernel(const BwdArgs a) {
+#if MT_WGMMA
+  constexpr int kThreads = NWG * 128, BC = NWG * 64, BRQ = 64, NT = BRQ / 8, DT = kD / 8;
+  using W = wg::Wgmma<64, T>;
+  extern __shared__ __align__(16) unsigned char smemRaw[];
+  T* sK = reinterpret_cast<T*>(alignedSmem(smemRaw));
+  T* sV = sK + BC * kD;
+  T* sQ = sV + BC * kD;       // [2][64][64]
+  T* sG = sQ + 2 * BRQ * kD;  // dO, [2][64][64]
+  T* sS = sG + 2 * BRQ * kD;  // dS^T, [BC][64 queries]
+  float* sL = reinterpret_cast<float*>(sS + BC * kD);  // lse, [2][64]
+  float* sD = sL + 2 * BRQ;                            // delta, [2][64]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int grp = warp / 4, wl = warp % 4;
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int kBase = blockIdx.y * BC;
+  const int kw = kBase + grp * 64;                     // the warpgroup's first key
+  const int key0 = kw + wl * 16 + g, key1 = key0 + 8;  // this thread's accumulator rows
+  const T* Q = static_cast<const T*>(a.q) + b * a.qsb + h * a.qsh;
+  const T* K = static_cast<const T*>(a.k) + b * a.ksb + h * a.ksh;
+  const T* V = static_cast<const T*>(a.v) + b * a.vsb + h * a.vsh;
+  const T* G = static_cast<const T*>(a.dO) + b * a.gsb + h * a.gsh;
+  const float* L = a.lse + static_cast<int64_t>(bh) * a.Tp;
+  const float* Dl = a.delta + static_cast<int64_t>(bh) * a.Tp;
+  const float sl2 = a.scale * kLog2e;
+  const int iStart = kBase / BRQ, nQ = (a.T + BRQ - 1) / BRQ;
+
+  auto loadQueries = [&](int i, int buf) {
+    loadSwizzled<BRQ, kThreads>(sQ + buf * BRQ * kD, Q, a.qst, i * BRQ, a.T, tid);
+    loadSwizzled<BRQ, kThreads>(sG + buf * BRQ * kD, G, a.gst, i * BRQ, a.T, tid);
+    loadFloats<BRQ, kThreads>(sL + buf * BRQ, L, i * BRQ, a.T, tid);
+    loadFloats<BRQ, kThreads>(sD + buf * BRQ, Dl, i * BRQ, a.T, tid);
+  };
+  loadSwizzled<BC, kThreads>(sK, K, a.kst, kBase, a.T, tid);
+  loadSwizzled<BC, kThreads>(sV, V, a.vst, kBase, a.T, tid);
+  loadQueries(iStart, 0);
+  cpAsyncCommit();
+  cpAsyncWait<0>();
+  wg::fenceProxyAsync();
+  __syncthreads();
+
+  float dk[DT][4], dv[DT][4], s[NT][4], dp[NT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = s[i][e] = dp[i][e] = 0.f;
+  const T* kg = sK + grp * 64 * kD;
+  const T* vg = sV + grp * 64 * kD;
+  T* sg = sS + grp * 64 * kD;  // the warpgroup's dS^T rows
+
+  for (int i = iStart; i < nQ; ++i) {
+    const int buf = (i - iStart) & 1, qBase = i * BRQ;
+    if (i + 1 < nQ) {
+      loadQueries(i + 1, buf ^ 1);
+      cpAsyncCommit();
+    }
+    const T* q = sQ + buf * BRQ * kD;
+    const T* gq = sG + buf * BRQ * kD;
+    const float* lq = sL + buf * BRQ;
+    const float* dlq = sD + buf * BRQ;
+    if (qBase + BRQ - 1 >= kw) {  // warpgroup-uniform: some query of the tile sees some key
+      wg::fenceOperand(s);
+      wg::fenceOperand(dp);
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) W::template ss<0, 0>(s, wg::kmajor(kg + kk * 16), wg::kmajor(q + kk * 16), kk);
+      wg::commit();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        W::template ss<0, 0>(dp, wg::kmajor(vg + kk * 16), wg::kmajor(gq + kk * 16), kk);
+      wg::commit();
+      // P^T = exp2(sl2 S - lse), zero where key > query or query >= T (selected, so the padding
+      // of lse / delta is never used as a number), while dP^T runs.
+      wg::wait<1>();
+      wg::fenceOperand(s);
+      const bool inside = qBase >= kw + 63 && qBase + BRQ <= a.T;  // no mask needed
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float2 lv = *reinterpret_cast<const float2*>(lq + nt * 8 + 2 * t4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qgl = qBase + nt * 8 + 2 * t4 + (e & 1), key = e < 2 ? key0 : key1;
+          const bool on = inside || (key <= qgl && qgl < a.T);
+          s[nt][e] = on ? fastExp2(fmaf(s[nt][e], sl2, -((e & 1) ? lv.y : lv.x))) : 0.f;
+        }
+      }
+      uint32_t pa[BRQ / 16][4], sa[BRQ / 16][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
+        pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
+      }
+      wg::fenceOperand(dv);
+      wg::fence();
+#pragma unroll
+      for (int kq = 0; kq < BRQ / 16; ++kq) W::template rs<1>(dv, pa[kq], wg::mnmajor(gq + kq * 16 * kD), 1);
+      wg::commit();
+      // dS^T = P^T (dP^T - delta) (P^T is 0 where masked), while dV runs.
+      wg::wait<1>();
+      wg::fenceOperand(dp);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float2 dl = *reinterpret_cast<const float2*>(dlq + nt * 8 + 2 * t4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)  // selected: delta's padding past T is not a number to use
+          dp[nt][e] = s[nt][e] == 0.f ? 0.f : s[nt][e] * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
+        sa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(dp[nt][0], dp[nt][1]);
+        sa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(dp[nt][2], dp[nt][3]);
+      }
+      wg::fenceOperand(dk);
+      wg::fence();
+#pragma unroll
+      for (int kq = 0; kq < BRQ / 16; ++kq) W::template rs<1>(dk, sa[kq], wg::mnmajor(q + kq * 16 * kD), 1);
+      wg::commit();
+      // dS^T -> the group's rows of shared memory (its previous dQ product was waited for).
+      const int r0 = wl * 16 + g, r1 = r0 + 8;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        *reinterpret_cast<uint32_t*>(sg + wg::swz(r0, nt) + 2 * t4) = sa[nt / 2][(nt & 1) * 2];
+        *reinterpret_cast<uint32_t*>(sg + wg::swz(r1, nt) + 2 * t4) = sa[nt / 2][(nt & 1) * 2 + 1];
+      }
+      wg::fenceProxyAsync();
+      groupBarrier(grp);
+      // dQ_i = dS k over the group's 64 keys (A = dS^T read M-major, B = k MN-major). Not
+      // initialised: the first product overwrites it, and a definition by ordinary instructions
+      // would make ptxas serialise the products in flight (C7515); it takes s's registers.
+      float acc[DT][4];
+      wg::fenceOperand(acc);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) W::template ss<1, 1>(acc, wg::mnmajor(sg + ks * 16 * kD), wg::mnmajor(kg + ks * 16 * kD), ks);
+      wg::commit();
+      // Waiting here, not behind the next tile's first products: ptxas serialises every wgmma
+      // of the kernel when an accumulator is read across the loop's back edge (C7514).
+      wg::wait<0>();
+      wg::fenceOperand(acc);
+      wg::fenceOperand(dv);
+      wg::fenceOperand(dk);
+      addDq(a, b, h, qBase, wl, g, t4, acc);
+    }
+    cpAsyncWait<0>();
+    wg::fenceProxyAsync();
+    __syncthreads();  // next query tile in; this tile's buffers free for the tile after next
+  }
+
+  const int64_t kOff = b * a.dksb + h * a.dksh, vOff = b * a.dvsb + h * a.dvsh;
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+    const int col = dt * 8 + 2 * t4;
+    if (key0 < a.T) {
+      storePair(a.dk, kOff + key0 * a.dkst + col, a.dkCode, dk[dt][0] * a.scale, dk[dt][1] * a.scale);
+      storePair(a.dv, vOff + key0 * a.dvst + col, a.dvCode, dv[dt][0], dv[dt][1]);
+    }
+    if (key1 < a.T) {
+      storePair(a.dk, kOff + key1 * a.dkst + col, a.dkCode, dk[dt][2] * a.scale, dk[dt][3] * a.scale);
+      storePair(a.dv, vOff + key1 * a.dvst + col, a.dvCode, dv[dt][2], dv[dt][3]);
+    }
+  }
+#else
+  __trap();  // launched only where sm90KernelsUsable()
+#endif
+}
+
+// 1 in code built for sm_90a, 0 in any other device code: what the loaded module says.
+__device__ int gWgmmaBuilt = MT_WGMMA;
+
+}  // namespace
+
+template <int BC, int NWG, int MINB, typename T>
+void launchForwardSm90(const FwdArgs& a, int B, cudaStream_t s) {
+  constexpr size_t smem = fwdSm90SmemBytes<BC, NWG>();
+  auto kernel = flashForwardSm90Kernel<BC, NWG, MINB, T>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  const dim3 grid(static_cast<unsigned>(B * a.H), (a.T + NWG * 64 - 1) / (NWG * 64));
+  kernel<<<grid, NWG * 128, smem, s>>>(a);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <int NWG, int MINB, typename T>
+void launchBackwardSm90(const BwdArgs& a, int B, cudaStream_t s) {
+  constexpr size_t smem = bwdSm90SmemBytes<NWG>();
+  auto kernel = flashBackwardSm90Kernel<NWG, MINB, T>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  const dim3 grid(static_cast<unsigned>(B * a.H), (a.T + NWG * 64 - 1) / (NWG * 64));
+  kernel<<<grid, NWG * 128, smem, s>>>(a);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+bool sm90KernelsUsable() {
+  // Per process: the build and the device kind do not change under a running job.
+  static const bool usable = [] {
+    int dev = 0, major = 0, minor = 0, built = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      return false;
+    if (major != 9 || minor != 0) return false;
+    if (cudaMemcpyFromSymbol(&built, gWgmmaBuilt, sizeof(int)) != cudaSuccess) {
+      cudaGetLastError();  // no loadable image for this device: clear the error, use mma.sync
+      return false;
+    }
+    return built == 1;
+  }();
+  return usable;
+}
+
+#define MT_FLASH_SM90(T)                                                          \
+  template void launchForwardSm90<64, 2, 2, T>(const FwdArgs&, int, cudaStream_t);  \
+  template void launchForwardSm90<64, 1, 4, T>(const FwdArgs&, int, cudaStream_t);  \
+  template void launchForwardSm90<128, 2, 1, T>(const FwdArgs&, int, cudaStream_t); \
+  template void launchBackwardSm90<2, 1, T>(const BwdArgs&, int, cudaStream_t);     \
+  template void launchBackwardSm90<1, 2, T>(const BwdArgs&, int, cudaStream_t);
+MT_FLASH_SM90(__nv_bfloat16)
+MT_FLASH_SM90(__half)
+#undef MT_FLASH_SM90
+
+}  // namespace mt::cuda::flash

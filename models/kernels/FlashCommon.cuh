@@ -1,0 +1,189 @@
+#pragma once
+// Shared by the flash-attention kernels (models/kernels/FlashAttention.cu, mma.sync on sm_80+, and
+// models/kernels/FlashAttentionSm90.cu, wgmma on sm_90a): PTX wrappers, the mma.sync fragment
+// helpers, tile loaders and the kernels' argument blocks. Internal to those two files.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "models/kernels/CpAsync.cuh"
+
+namespace mt::cuda::flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smemAddr(smem)));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smemAddr(smem)));
+}
+__device__ __forceinline__ float fastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+template <>
+struct Mma<__half> {
+  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+// Dtype codes passed to kernels (uniform branches in epilogues, not template parameters, so the
+// output dtype does not multiply the number of kernels).
+enum : int { kOutF32 = 0, kOutBF16 = 1, kOutF16 = 2 };
+
+__device__ __forceinline__ void storePair(void* base, int64_t idx, int code, float a, float b) {
+  if (code == kOutF32) *reinterpret_cast<float2*>(static_cast<float*>(base) + idx) = make_float2(a, b);
+  else if (code == kOutBF16)
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + idx) = __floats2bfloat162_rn(a, b);
+  else *reinterpret_cast<__half2*>(static_cast<__half*>(base) + idx) = __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ float loadAs(const void* base, int64_t idx, int code) {
+  if (code == kOutF32) return static_cast<const float*>(base)[idx];
+  if (code == kOutBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[idx]);
+  return __half2float(static_cast<const __half*>(base)[idx]);
+}
+
+// 8 consecutive elements as floats / from floats; vec: 16-byte aligned (else element by element).
+__device__ __forceinline__ void load8(const void* base, int64_t idx, int code, bool vec, float (&x)[8]) {
+  if (vec && code == kOutF32) {
+    const float4 u = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + idx);
+    const float4 w = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + idx + 4);
+    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = w.x, x[5] = w.y, x[6] = w.z, x[7] = w.w;
+  } else if (vec) {
+    const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + idx);
+    const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (code == kOutBF16) {
+        const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&words[i]);
+        x[2 * i] = __low2float(v), x[2 * i + 1] = __high2float(v);
+      } else {
+        const __half2 v = *reinterpret_cast<const __half2*>(&words[i]);
+        x[2 * i] = __low2float(v), x[2 * i + 1] = __high2float(v);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = loadAs(base, idx + i, code);
+  }
+}
+__device__ __forceinline__ void store8(void* base, int64_t idx, int code, bool vec, const float (&x)[8]) {
+  if (vec && code == kOutF32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(base) + idx) = make_float4(x[0], x[1], x[2], x[3]);
+    *reinterpret_cast<float4*>(static_cast<float*>(base) + idx + 4) = make_float4(x[4], x[5], x[6], x[7]);
+  } else if (vec) {
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (code == kOutBF16) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+        words[i] = *reinterpret_cast<const uint32_t*>(&v);
+      } else {
+        const __half2 v = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
+        words[i] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(base) + idx) = make_uint4(words[0], words[1], words[2], words[3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) storePair(base, idx + i, code, x[i], x[i + 1]);
+  }
+}
+
+__device__ __forceinline__ float roundTo(float x, int code) {
+  if (code == kOutBF16) return __bfloat162float(__float2bfloat16_rn(x));
+  if (code == kOutF16) return __half2float(__float2half_rn(x));
+  return x;
+}
+
+// ROWS x D tile starting at row `row0` of a [T, D] slice with row stride st, into shared memory
+// with row stride LD; rows >= T are zero-filled.
+template <int ROWS, int D, int LD, int NTHREADS, typename T>
+__device__ __forceinline__ void loadTile(T* s, const T* g, int64_t st, int row0, int rows, int tid) {
+  constexpr int kChunksPerRow = D / 8, kTotal = ROWS * kChunksPerRow;
+#pragma unroll
+  for (int i = tid; i < kTotal; i += NTHREADS) {
+    const int r = i / kChunksPerRow, c = i % kChunksPerRow, row = row0 + r;
+    const bool ok = row < rows;
+    cpAsync16(s + r * LD + c * 8, g + static_cast<int64_t>(ok ? row : 0) * st + c * 8, ok);
+  }
+}
+// N floats (N % 4 == 0) starting at element i0 of a row padded to a multiple of 4; chunks starting
+// at or past `valid` are zero-filled.
+template <int N, int NTHREADS>
+__device__ __forceinline__ void loadFloats(float* s, const float* g, int i0, int valid, int tid) {
+  for (int c = tid; c < N / 4; c += NTHREADS) {
+    const bool ok = i0 + 4 * c < valid;
+    cpAsync16(s + 4 * c, g + (ok ? i0 + 4 * c : 0), ok);
+  }
+}
+
+struct FwdArgs {
+  const void *q, *k, *v;
+  void* o;
+  float* lse;
+  int64_t qsb, qst, qsh, ksb, kst, ksh, vsb, vst, vsh, osb, ost, osh;
+  int T, H, Tp, oCode;
+  float scale;
+};
+
+struct BwdArgs {
+  const void *q, *k, *v, *dO;
+  const float *lse, *delta;
+  float* dq;  // f32 accumulator
+  void *dk, *dv;
+  int64_t qsb, qst, qsh, ksb, kst, ksh, vsb, vst, vsh, gsb, gst, gsh;
+  int64_t dqsb, dqst, dqsh, dksb, dkst, dksh, dvsb, dvst, dvsh;
+  int T, H, Tp, dkCode, dvCode;
+  float scale;
+};
+
+// wgmma kernels (FlashAttentionSm90.cu), head dim 64: explicitly instantiated there for bf16 and f16.
+// Forward: NWG warpgroups of 64 queries per block, BC keys per tile. Backward: NWG warpgroups of 64
+// keys per block, 64-query tiles.
+template <int BC, int NWG, int MINB, typename T>
+void launchForwardSm90(const FwdArgs& a, int B, cudaStream_t s);
+template <int NWG, int MINB, typename T>
+void launchBackwardSm90(const BwdArgs& a, int B, cudaStream_t s);
+// The device is compute capability 9.0 and its loaded code was built for sm_90a (wgmma present).
+bool sm90KernelsUsable();
+
+}  // namespace mt::cuda::flash
