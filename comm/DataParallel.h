@@ -16,7 +16,7 @@
 
 #include "comm/BucketReducer.h"
 #include "comm/Communicator.h"
-#include "models/Model.h"
+#include "core/ModelHooks.h"
 
 namespace mt {
 

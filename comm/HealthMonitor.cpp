@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "core/Log.h"
-#include "core/MpiCheck.h"
+#include "comm/MpiCheck.h"
 
 namespace mt {
 

@@ -8,7 +8,7 @@
 
 #include "comm/MpiEnvironment.h"
 #include "core/Log.h"
-#include "core/MpiCheck.h"
+#include "comm/MpiCheck.h"
 #include "core/Timer.h"
 
 #ifdef MT_WITH_CUDA

@@ -6,7 +6,7 @@
 
 #include "core/EnvParams.h"
 #include "core/Log.h"
-#include "core/MpiCheck.h"
+#include "comm/MpiCheck.h"
 
 namespace mt {
 

@@ -3,7 +3,7 @@
 #include <chrono>
 
 #include "core/Log.h"
-#include "core/MpiCheck.h"
+#include "comm/MpiCheck.h"
 #include "core/Timer.h"
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"

@@ -1,6 +1,6 @@
 #pragma once
-// MT_CHECK and the formatting shared by the library CHECK macros (MPI_CHECK in core/MpiCheck.h,
-// H5_CHECK in core/H5Check.h, CUDA_CHECK/NCCL_CHECK in core/CudaCheck.h). Every message carries
+// MT_CHECK and the formatting shared by the library CHECK macros (MPI_CHECK in comm/MpiCheck.h,
+// H5_CHECK in data/H5Check.h, CUDA_CHECK/NCCL_CHECK in core/CudaCheck.h). Every message carries
 // file:line, the failing expression, the rank, and the library's own error string.
 
 #include <sstream>

@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/H5Check.h"
+#include "data/H5Check.h"
 
 namespace mt {
 

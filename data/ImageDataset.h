@@ -10,7 +10,7 @@
 
 #include "data/H5File.h"
 #include "data/RowReader.h"
-#include "models/ModelConfig.h"
+#include "core/InputSpec.h"
 
 namespace mt {
 

@@ -18,7 +18,7 @@
 #include "core/Allocator.h"
 #include "data/RowReader.h"
 #include "data/Sampler.h"
-#include "models/Model.h"
+#include "core/Batch.h"
 
 namespace mt {
 

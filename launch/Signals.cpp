@@ -6,7 +6,7 @@
 #include <atomic>
 
 #include "comm/MpiEnvironment.h"
-#include "core/MpiCheck.h"
+#include "comm/MpiCheck.h"
 
 namespace mt {
 

@@ -22,7 +22,7 @@
 #include "launch/Config.h"
 #include "launch/Signals.h"
 #include "launch/Settings.h"
-#include "topo/Hierarchy.h"
+#include "comm/Hierarchy.h"
 #include "topo/Profile.h"
 #include "topo/Topology.h"
 #include "launch/Metrics.h"

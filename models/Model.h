@@ -8,37 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "core/Batch.h"
+#include "core/ModelHooks.h"
 #include "core/ParamTable.h"
 #include "models/Module.h"
 #include "models/layers/SoftmaxCrossEntropy.h"
 
 namespace mt {
-
-struct Batch {
-  Tensor inputs;   // images u8 [N,H,W,C] or tokens [N,T]
-  Tensor targets;  // labels i64 [N] or next tokens [N,T]
-  // Dataset index of each row (host): per-sample randomness (dropout) keyed by it is the same
-  // whichever rank, world size or batch position the sample lands in.
-  std::vector<int64_t> sampleIds;
-  // Targets that are not the ignore index, when known (-1: the model counts them).
-  int64_t validTargets = -1;
-  int64_t size() const { return inputs.defined() ? inputs.dim(0) : 0; }
-};
-
-class ModelHooks {
- public:
-  virtual ~ModelHooks() = default;
-  virtual void beforeUnitForward(int unit) {}
-  virtual void afterUnitForward(int unit) {}
-  virtual void beforeUnitBackward(int unit) {}
-  virtual void afterUnitBackward(int unit) {}
-  // Whether Param::grad, zeroed before forward, is the buffer backward accumulates into (true for
-  // data parallel); false where the hooks hand out gradient buffers during backward (sharding).
-  // A model may add gradients during forward only where this holds.
-  virtual bool gradsKeptAcrossForward() const { return true; }
-  // Called once per parameter per backward, right after its gradient is final for this backward.
-  virtual void gradReady(Param& p) {}
-};
 
 class Model {
  public:

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/InputSpec.h"
 #include "models/Model.h"
 #include "models/layers/Layout.h"
 
@@ -21,12 +22,6 @@ struct ModelConfig {
   int64_t fc = 128;                     // cnn hidden fully-connected width
   float inputMean = 0.2860f;            // Fashion-MNIST pixel statistics
   float inputStd = 0.3530f;
-};
-
-// Shape of one example and the number of classes, from the dataset.
-struct InputSpec {
-  int64_t height = 28, width = 28, channels = 1;
-  int64_t numClasses = 10;
 };
 
 // MLP: flatten -> [Linear -> act -> Dropout] per hidden width -> Linear(numClasses).

@@ -6,7 +6,7 @@
 
 #include "comm/kernels/CudaCompression.h"
 #include "core/Tensor.h"
-#include "models/kernels/KernelUtil.cuh"
+#include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
 

@@ -1,7 +1,7 @@
 // Row and token-window gathers for the device-resident data feed.
 
 #include "data/kernels/CudaGather.h"
-#include "models/kernels/KernelUtil.cuh"
+#include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
 

@@ -12,7 +12,7 @@
 #include "models/kernels/CudaGemm.h"
 #include "models/kernels/CudaLayers.h"
 #include "models/kernels/FlashAttention.h"
-#include "models/kernels/KernelUtil.cuh"
+#include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
 

@@ -20,7 +20,7 @@
 #include "core/Log.h"
 #include "core/cuda/CudaRuntime.h"
 #include "models/kernels/CudaLayers.h"
-#include "models/kernels/KernelUtil.cuh"
+#include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
 

@@ -10,7 +10,7 @@
 
 #include "models/kernels/Convert.cuh"
 #include "models/kernels/CudaLayers.h"
-#include "models/kernels/KernelUtil.cuh"
+#include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
 

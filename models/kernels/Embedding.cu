@@ -3,7 +3,7 @@
 // so dW can differ in the last bits between runs (the CPU path is deterministic).
 
 #include "models/kernels/CudaLayers.h"
-#include "models/kernels/KernelUtil.cuh"
+#include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
 

@@ -200,29 +200,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) flashForwardKernel(const Fwd
     }
   }
 
-  const int64_t oBase = b * a.osb + h * a.osh;
 #pragma unroll
-  for (int mb = 0; mb < MW; ++mb) {
-    float l0 = l[mb][0], l1 = l[mb][1];
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = 1.f / l0, inv1 = 1.f / l1;
-    const int row0 = qw + mb * 16 + g, row1 = row0 + 8;
-    if (row0 < a.T) {
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt)
-        storePair(a.o, oBase + row0 * a.ost + dt * 8 + 2 * t4, a.oCode, o[mb][dt][0] * inv0, o[mb][dt][1] * inv0);
-      if (t4 == 0) a.lse[static_cast<int64_t>(bh) * a.Tp + row0] = m[mb][0] + log2f(l0);
-    }
-    if (row1 < a.T) {
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt)
-        storePair(a.o, oBase + row1 * a.ost + dt * 8 + 2 * t4, a.oCode, o[mb][dt][2] * inv1, o[mb][dt][3] * inv1);
-      if (t4 == 0) a.lse[static_cast<int64_t>(bh) * a.Tp + row1] = m[mb][1] + log2f(l1);
-    }
-  }
+  for (int mb = 0; mb < MW; ++mb) storeRows(a, b, h, qw + mb * 16 + g, t4, o[mb], m[mb][0], m[mb][1], l[mb][0], l[mb][1]);
 }
 
 // ---- backward -------------------------------------------------------------------------------
@@ -504,19 +483,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) flashBackwardKernel(const Bw
     __syncthreads();  // next query tile in; dS^T and this tile's buffers free
   }
 
-  const int64_t kOff = b * a.dksb + h * a.dksh, vOff = b * a.dvsb + h * a.dvsh;
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt) {
-    const int col = dt * 8 + 2 * t4;
-    if (key0 < a.T) {
-      storePair(a.dk, kOff + key0 * a.dkst + col, a.dkCode, dk[dt][0] * a.scale, dk[dt][1] * a.scale);
-      storePair(a.dv, vOff + key0 * a.dvst + col, a.dvCode, dv[dt][0], dv[dt][1]);
-    }
-    if (key1 < a.T) {
-      storePair(a.dk, kOff + key1 * a.dkst + col, a.dkCode, dk[dt][2] * a.scale, dk[dt][3] * a.scale);
-      storePair(a.dv, vOff + key1 * a.dvst + col, a.dvCode, dv[dt][2], dv[dt][3]);
-    }
-  }
+  storeKeyGrads(a, b, h, key0, t4, dk, dv);
 }
 
 // ---- variants and launchers -----------------------------------------------------------------

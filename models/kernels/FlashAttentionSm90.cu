@@ -163,24 +163,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
     wg::fenceOperand(o);
   }
 
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float inv0 = 1.f / l0, inv1 = 1.f / l1;
-  const int64_t oBase = b * a.osb + h * a.osh;
-  if (row0 < a.T) {
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-      storePair(a.o, oBase + row0 * a.ost + dt * 8 + 2 * t4, a.oCode, o[dt][0] * inv0, o[dt][1] * inv0);
-    if (t4 == 0) a.lse[static_cast<int64_t>(bh) * a.Tp + row0] = m0 + log2f(l0);
-  }
-  if (row1 < a.T) {
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-      storePair(a.o, oBase + row1 * a.ost + dt * 8 + 2 * t4, a.oCode, o[dt][2] * inv1, o[dt][3] * inv1);
-    if (t4 == 0) a.lse[static_cast<int64_t>(bh) * a.Tp + row1] = m1 + log2f(l1);
-  }
+  storeRows(a, b, h, row0, t4, o, m0, m1, l0, l1);
 #else
   __trap();  // launched only where sm90KernelsUsable()
 #endif
@@ -192,6 +175,7 @@ constexpr size_t bwdSm90SmemBytes() {
   return static_cast<size_t>(2 * NWG + 4 + NWG) * kTileBytes64 + 4 * 64 * sizeof(float) + 1024;
 }
 
+#if MT_WGMMA  // sm_90 device code only (float4 atomics, named barriers for warpgroups)
 // Barrier of the 128 threads of warpgroup `grp` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void groupBarrier(int grp) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(grp + 1) : "memory");
@@ -213,6 +197,7 @@ __device__ __forceinline__ void addDq(const BwdArgs& a, int b, int h, int qBase,
     if (row < a.T) atomicAdd(reinterpret_cast<float4*>(dQ + n * 8 + 2 * (t4 & 2)), val);  // after the shuffles
   }
 }
+#endif
 
 // Per query tile, each warpgroup runs its products as a pipeline of commit groups: S^T | dP^T, then
 // (exp while dP^T runs) dV += P^T dO, then dS^T and dK += dS^T q, then dQ_i = dS k over the group's
@@ -363,19 +348,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashBackwardSm90Kernel(const
     __syncthreads();  // next query tile in; this tile's buffers free for the tile after next
   }
 
-  const int64_t kOff = b * a.dksb + h * a.dksh, vOff = b * a.dvsb + h * a.dvsh;
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt) {
-    const int col = dt * 8 + 2 * t4;
-    if (key0 < a.T) {
-      storePair(a.dk, kOff + key0 * a.dkst + col, a.dkCode, dk[dt][0] * a.scale, dk[dt][1] * a.scale);
-      storePair(a.dv, vOff + key0 * a.dvst + col, a.dvCode, dv[dt][0], dv[dt][1]);
-    }
-    if (key1 < a.T) {
-      storePair(a.dk, kOff + key1 * a.dkst + col, a.dkCode, dk[dt][2] * a.scale, dk[dt][3] * a.scale);
-      storePair(a.dv, vOff + key1 * a.dvst + col, a.dvCode, dv[dt][2], dv[dt][3]);
-    }
-  }
+  storeKeyGrads(a, b, h, key0, t4, dk, dv);
 #else
   __trap();  // launched only where sm90KernelsUsable()
 #endif

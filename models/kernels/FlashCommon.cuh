@@ -176,6 +176,54 @@ struct BwdArgs {
   float scale;
 };
 
+// Forward epilogue: rows row0 and row0 + 8 of O (an mma-layout accumulator, columns 8 dt + 2 t) divided
+// by their softmax sums l (this lane's partials, summed over the 4 lanes of a row here), and lse =
+// m + log2 l; rows at or past T skipped.
+template <int DT>
+__device__ __forceinline__ void storeRows(const FwdArgs& a, int b, int h, int row0, int t4, const float (&o)[DT][4],
+                                          float m0, float m1, float l0, float l1) {
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = 1.f / l0, inv1 = 1.f / l1;
+  const int64_t oBase = b * a.osb + h * a.osh, lBase = static_cast<int64_t>(b * a.H + h) * a.Tp;
+  const int row1 = row0 + 8;
+  if (row0 < a.T) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+      storePair(a.o, oBase + row0 * a.ost + dt * 8 + 2 * t4, a.oCode, o[dt][0] * inv0, o[dt][1] * inv0);
+    if (t4 == 0) a.lse[lBase + row0] = m0 + log2f(l0);
+  }
+  if (row1 < a.T) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+      storePair(a.o, oBase + row1 * a.ost + dt * 8 + 2 * t4, a.oCode, o[dt][2] * inv1, o[dt][3] * inv1);
+    if (t4 == 0) a.lse[lBase + row1] = m1 + log2f(l1);
+  }
+}
+
+// Backward epilogue: the thread's dK (times the softmax scale) and dV rows key0 and key0 + 8 of an
+// mma-layout accumulator pair (columns 8 dt + 2 t), rows at or past T skipped.
+template <int DT>
+__device__ __forceinline__ void storeKeyGrads(const BwdArgs& a, int b, int h, int key0, int t4, const float (&dk)[DT][4],
+                                              const float (&dv)[DT][4]) {
+  const int64_t kOff = b * a.dksb + h * a.dksh, vOff = b * a.dvsb + h * a.dvsh;
+  const int key1 = key0 + 8;
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+    const int col = dt * 8 + 2 * t4;
+    if (key0 < a.T) {
+      storePair(a.dk, kOff + key0 * a.dkst + col, a.dkCode, dk[dt][0] * a.scale, dk[dt][1] * a.scale);
+      storePair(a.dv, vOff + key0 * a.dvst + col, a.dvCode, dv[dt][0], dv[dt][1]);
+    }
+    if (key1 < a.T) {
+      storePair(a.dk, kOff + key1 * a.dkst + col, a.dkCode, dk[dt][2] * a.scale, dk[dt][3] * a.scale);
+      storePair(a.dv, vOff + key1 * a.dvst + col, a.dvCode, dv[dt][2], dv[dt][3]);
+    }
+  }
+}
+
 // wgmma kernels (FlashAttentionSm90.cu), head dim 64: explicitly instantiated there for bf16 and f16.
 // Forward: NWG warpgroups of 64 queries per block, BC keys per tile. Backward: NWG warpgroups of 64
 // keys per block, 64-query tiles.

@@ -16,7 +16,7 @@
 #include "core/EnvParams.h"
 #include "models/kernels/Convert.cuh"
 #include "models/kernels/CudaLayers.h"
-#include "models/kernels/KernelUtil.cuh"
+#include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
 

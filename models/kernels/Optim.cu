@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "models/kernels/CudaOptim.h"
-#include "models/kernels/KernelUtil.cuh"
+#include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
 

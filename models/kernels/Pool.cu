@@ -9,7 +9,7 @@
 // times its byte floor.
 
 #include "models/kernels/CudaLayers.h"
-#include "models/kernels/KernelUtil.cuh"
+#include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
 

@@ -1,4 +1,4 @@
-#include "core/H5Check.h"
+#include "data/H5Check.h"
 
 namespace mt {
 namespace detail {

@@ -1,4 +1,4 @@
-#include "topo/Hierarchy.h"
+#include "comm/Hierarchy.h"
 
 #include "core/Check.h"
 

@@ -1,4 +1,4 @@
-#include "core/MpiCheck.h"
+#include "comm/MpiCheck.h"
 
 namespace mt {
 namespace detail {

@@ -5,7 +5,7 @@
 #include "comm/DataParallel.h"
 #include "comm/MpiCommunicator.h"
 #include "tests/common/TestUtil.h"
-#include "topo/Hierarchy.h"
+#include "comm/Hierarchy.h"
 
 namespace mt {
 namespace {
