@@ -133,49 +133,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) flashForwardKernel(const Fwd
       }
     }
 #pragma unroll
-    for (int mb = 0; mb < MW; ++mb) {
-      const int row0 = qw + mb * 16 + g, row1 = row0 + 8;
-      if (kBase + BC - 1 > qw + mb * 16) {  // the diagonal crosses this tile: mask key > row
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const int key = kBase + nt * 8 + 2 * t4;
-          if (key > row0) s[mb][nt][0] = -INFINITY;
-          if (key + 1 > row0) s[mb][nt][1] = -INFINITY;
-          if (key > row1) s[mb][nt][2] = -INFINITY;
-          if (key + 1 > row1) s[mb][nt][3] = -INFINITY;
-        }
-      }
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        mx0 = fmaxf(mx0, fmaxf(s[mb][nt][0], s[mb][nt][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[mb][nt][2], s[mb][nt][3]));
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float n0 = fmaxf(m[mb][0], mx0 * sl2), n1 = fmaxf(m[mb][1], mx1 * sl2);
-      // A row with nothing visible yet keeps -inf; use 0 so exp2 stays finite (all its p are 0).
-      const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
-      const float alpha0 = fastExp2(m[mb][0] - u0), alpha1 = fastExp2(m[mb][1] - u1);
-      m[mb][0] = n0, m[mb][1] = n1;
-      l[mb][0] *= alpha0, l[mb][1] *= alpha1;
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        o[mb][dt][0] *= alpha0, o[mb][dt][1] *= alpha0;
-        o[mb][dt][2] *= alpha1, o[mb][dt][3] *= alpha1;
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        s[mb][nt][0] = fastExp2(fmaf(s[mb][nt][0], sl2, -u0));
-        s[mb][nt][1] = fastExp2(fmaf(s[mb][nt][1], sl2, -u0));
-        s[mb][nt][2] = fastExp2(fmaf(s[mb][nt][2], sl2, -u1));
-        s[mb][nt][3] = fastExp2(fmaf(s[mb][nt][3], sl2, -u1));
-        l[mb][0] += s[mb][nt][0] + s[mb][nt][1];
-        l[mb][1] += s[mb][nt][2] + s[mb][nt][3];
-      }
-    }
+    for (int mb = 0; mb < MW; ++mb)
+      softmaxTile(s[mb], o[mb], m[mb][0], m[mb][1], l[mb][0], l[mb][1], kBase, qw + mb * 16, g, t4, sl2);
 #pragma unroll
     for (int kc2 = 0; kc2 < BC / 16; ++kc2) {
       if (kBase + kc2 * 16 > qLast) continue;

@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
   cpAsyncCommit();
 
   const int gFirst = qBase + grp * 64, gLast = gFirst + 63;  // the warpgroup's rows
-  const int row0 = gFirst + wl * 16 + g, row1 = row0 + 8;
+  const int row0 = gFirst + wl * 16 + g;
   float o[DT][4], s[NT][4];
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
@@ -111,46 +111,10 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
     wg::wait<0>();
     wg::fenceOperand(s);
 
-    if (kBase + BC - 1 > gFirst + wl * 16) {  // the diagonal crosses the warp's rows: key > row masked
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int key = kBase + nt * 8 + 2 * t4;
-        if (key > row0) s[nt][0] = -INFINITY;
-        if (key + 1 > row0) s[nt][1] = -INFINITY;
-        if (key > row1) s[nt][2] = -INFINITY;
-        if (key + 1 > row1) s[nt][3] = -INFINITY;
-      }
-    }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float n0 = fmaxf(m0, mx0 * sl2), n1 = fmaxf(m1, mx1 * sl2);
-    // A row with nothing visible yet keeps -inf; use 0 so exp2 stays finite (all its p are 0).
-    const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
-    const float alpha0 = fastExp2(m0 - u0), alpha1 = fastExp2(m1 - u1);
-    m0 = n0, m1 = n1;
-    l0 *= alpha0, l1 *= alpha1;
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      o[dt][0] *= alpha0, o[dt][1] *= alpha0;
-      o[dt][2] *= alpha1, o[dt][3] *= alpha1;
-    }
+    softmaxTile(s, o, m0, m1, l0, l1, kBase, gFirst + wl * 16, g, t4, sl2);
     uint32_t pa[BC / 16][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      s[nt][0] = fastExp2(fmaf(s[nt][0], sl2, -u0));
-      s[nt][1] = fastExp2(fmaf(s[nt][1], sl2, -u0));
-      s[nt][2] = fastExp2(fmaf(s[nt][2], sl2, -u1));
-      s[nt][3] = fastExp2(fmaf(s[nt][3], sl2, -u1));
-      l0 += s[nt][0] + s[nt][1];
-      l1 += s[nt][2] + s[nt][3];
       pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
       pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
     }
@@ -175,26 +139,29 @@ constexpr size_t bwdSm90SmemBytes() {
   return static_cast<size_t>(2 * NWG + 4 + NWG) * kTileBytes64 + 4 * 64 * sizeof(float) + 1024;
 }
 
-#if MT_WGMMA  // sm_90 device code only (float4 atomics, named barriers for warpgroups)
+#if MT_WGMMA  // sm_90a device code only
 // Barrier of the 128 threads of warpgroup `grp` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void groupBarrier(int grp) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(grp + 1) : "memory");
 }
 
-// dQ rows of a query tile += acc * scale (the accumulator of one warpgroup: rows 16 wl + g, +8;
-// columns 8 n + 2 t): pairs of lanes swap halves so each lane adds 4 consecutive floats (float4).
-__device__ __forceinline__ void addDq(const BwdArgs& a, int b, int h, int qBase, int wl, int g, int t4,
-                                      const float (&acc)[8][4]) {
+// dQ rows rowBase + g and + 8, columns 8 n + 2 t (an mma-layout accumulator) += acc *
+// scale: pairs of lanes swap halves so each lane adds 4 consecutive floats of one row (float4).
+// Every lane of the warp calls it (shuffles); rows at or past T add nothing. The mma.sync backward
+// (FlashAttention.cu) does the same inline: through this helper ptxas spilled more there.
+template <int NC>
+__device__ __forceinline__ void addDqRows(const BwdArgs& a, int b, int h, int rowBase, int g, int t4,
+                                          const float (&acc)[NC][4]) {
   const bool even = (t4 & 1) == 0;
-  const int row = qBase + wl * 16 + g + (even ? 0 : 8);
+  const int row = rowBase + g + (even ? 0 : 8);
   float* dQ = a.dq + b * a.dqsb + h * a.dqsh + static_cast<int64_t>(row) * a.dqst;
 #pragma unroll
-  for (int n = 0; n < 8; ++n) {
+  for (int n = 0; n < NC; ++n) {
     const float sx = even ? acc[n][2] : acc[n][0], sy = even ? acc[n][3] : acc[n][1];
     const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
     const float4 val = even ? make_float4(acc[n][0] * a.scale, acc[n][1] * a.scale, rx * a.scale, ry * a.scale)
                             : make_float4(rx * a.scale, ry * a.scale, acc[n][2] * a.scale, acc[n][3] * a.scale);
-    if (row < a.T) atomicAdd(reinterpret_cast<float4*>(dQ + n * 8 + 2 * (t4 & 2)), val);  // after the shuffles
+    if (row < a.T) atomicAdd(reinterpret_cast<float4*>(dQ + n * 8 + 2 * (t4 & 2)), val);
   }
 }
 #endif
@@ -341,7 +308,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashBackwardSm90Kernel(const
       wg::fenceOperand(acc);
       wg::fenceOperand(dv);
       wg::fenceOperand(dk);
-      addDq(a, b, h, qBase, wl, g, t4, acc);
+      addDqRows(a, b, h, qBase + wl * 16, g, t4, acc);
     }
     cpAsyncWait<0>();
     wg::fenceProxyAsync();

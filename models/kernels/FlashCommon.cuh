@@ -176,6 +176,55 @@ struct BwdArgs {
   float scale;
 };
 
+// One key tile of the forward's online softmax for a 16-row block (rows rowBase + g and + 8): S
+// (mma-layout accumulator over the tile's keys kBase..) masked where key > row, the running row max
+// m (log2 domain) and sum l updated, O rescaled, and S replaced by P = exp2(sl2 S - m).
+template <int NT, int DT>
+__device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1, float& l0,
+                                            float& l1, int kBase, int rowBase, int g, int t4, float sl2) {
+  const int row0 = rowBase + g, row1 = row0 + 8;
+  if (kBase + NT * 8 - 1 > rowBase) {  // the diagonal crosses this tile: mask key > row
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int key = kBase + nt * 8 + 2 * t4;
+      if (key > row0) s[nt][0] = -INFINITY;
+      if (key + 1 > row0) s[nt][1] = -INFINITY;
+      if (key > row1) s[nt][2] = -INFINITY;
+      if (key + 1 > row1) s[nt][3] = -INFINITY;
+    }
+  }
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+    mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  const float n0 = fmaxf(m0, mx0 * sl2), n1 = fmaxf(m1, mx1 * sl2);
+  // A row with nothing visible yet keeps -inf; use 0 so exp2 stays finite (all its p are 0).
+  const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+  const float alpha0 = fastExp2(m0 - u0), alpha1 = fastExp2(m1 - u1);
+  m0 = n0, m1 = n1;
+  l0 *= alpha0, l1 *= alpha1;
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+    o[dt][0] *= alpha0, o[dt][1] *= alpha0;
+    o[dt][2] *= alpha1, o[dt][3] *= alpha1;
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    s[nt][0] = fastExp2(fmaf(s[nt][0], sl2, -u0));
+    s[nt][1] = fastExp2(fmaf(s[nt][1], sl2, -u0));
+    s[nt][2] = fastExp2(fmaf(s[nt][2], sl2, -u1));
+    s[nt][3] = fastExp2(fmaf(s[nt][3], sl2, -u1));
+    l0 += s[nt][0] + s[nt][1];
+    l1 += s[nt][2] + s[nt][3];
+  }
+}
+
 // Forward epilogue: rows row0 and row0 + 8 of O (an mma-layout accumulator, columns 8 dt + 2 t) divided
 // by their softmax sums l (this lane's partials, summed over the 4 lanes of a row here), and lse =
 // m + log2 l; rows at or past T skipped.

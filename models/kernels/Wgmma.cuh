@@ -12,7 +12,7 @@
 //   K-major (kmajor()): rows are M (or N), the 64 columns are K; the k-th 16-column step starts
 //     32 k bytes into the rows.
 //   MN-major (mnmajor(), transpose flag 1): rows are K, the 64 columns are M (or N); the k-th
-//     16-row step starts 2048 k bytes in. A 32-column half starts 64 bytes in.
+//     16-row step starts 2048 k bytes in.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -75,13 +75,6 @@ __device__ __forceinline__ void fenceOperand(float (&d)[R][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
-template <int R>
-__device__ __forceinline__ void fenceOperand(uint32_t (&a)[R][4]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
-}
 
 // Wgmma<N, T>::ss<TA, TB>(d, descA, descB, accumulate) and ::rs<TB>(d, aRegs, descB, accumulate):
 // accumulate 0 overwrites d. TA / TB: 1 = MN-major (transposed) operand.
@@ -96,39 +89,7 @@ struct Wgmma;
   } while (0)
 #endif
 
-
 // One specialisation per (N, 16-bit type); TS is the type in PTX ("bf16" / "f16").
-#define MT_WGMMA_N32(T, TS) \
-  template <> \
-  struct Wgmma<32, T> { \
-    template <int TA, int TB> \
-    __device__ __forceinline__ static void ss(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) { \
-      MT_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
-                   "wgmma.mma_async.sync.aligned.m64n32k16.f32." TS "." TS "\n" \
-                   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
-                   "%16, %17, p, 1, 1, %19, %20;\n}\n" \
-                   : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-                     "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-                     "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
-                   : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB)); \
-    } \
-    template <int TB> \
-    __device__ __forceinline__ static void rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t b, \
-                                              int accumulate) { \
-      MT_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n" \
-                   "wgmma.mma_async.sync.aligned.m64n32k16.f32." TS "." TS "\n" \
-                   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
-                   "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n" \
-                   : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-                     "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-                     "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TB)); \
-    } \
-  };
-MT_WGMMA_N32(__nv_bfloat16, "bf16")
-MT_WGMMA_N32(__half, "f16")
-#undef MT_WGMMA_N32
-
 #define MT_WGMMA_N64(T, TS) \
   template <> \
   struct Wgmma<64, T> { \
