@@ -235,12 +235,27 @@ class Checkpoints(unittest.TestCase):
         self.assertLess(max(rel[s] for s in range(1, 6)), 1e-6)
         self.assertLess(max(rel.values()), 1e-2)
 
+    @staticmethod
+    def catches(pid, sig):
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+        return False
+
     def test_signal_during_setup_is_a_clean_stop(self):
         # The handlers were installed at the end of setup: a SIGTERM in the first ~0.6 s killed
         # the process. Now it is a stop after the first step, with a checkpoint.
         proc = subprocess.Popen(cmd(1, [f"--run.dir={self.d}", "--run.name=early"]), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
-        time.sleep(0.3)
+        # As soon as main() has installed its handler (the kernel's caught-signal mask says so): a
+        # fixed sleep raced with loading the process on a busy machine (the default action then
+        # killed it before main; seen in CI, 2026-12-03). Setup takes seconds after that point.
+        deadline = time.time() + 60
+        while not self.catches(proc.pid, signal.SIGTERM):
+            self.assertIsNone(proc.poll(), "the trainer exited before installing its signal handlers")
+            self.assertLess(time.time(), deadline, "no SIGTERM handler after 60 s")
+            time.sleep(0.005)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         self.assertEqual(proc.returncode, 0, out[-3000:])
