@@ -483,10 +483,11 @@ struct Variant {
 };
 // The first usable entry for each (D, dtype) is the default.
 const Variant<FwdLaunch> kFwd[] = {
-    {64, DType::kBF16, "fwd wgmma bc64", launchForwardSm90<64, 2, 2, __nv_bfloat16>, true},
-    {64, DType::kBF16, "fwd wgmma1 bc64", launchForwardSm90<64, 1, 4, __nv_bfloat16>, true},
-    {64, DType::kBF16, "fwd wgmma bc128", launchForwardSm90<128, 2, 1, __nv_bfloat16>, true},
-    {64, DType::kF16, "fwd wgmma bc64", launchForwardSm90<64, 2, 2, __half>, true},
+    {64, DType::kBF16, "fwd wgmma bc64", launchForwardSm90<64, 2, 2, 1, __nv_bfloat16>, true},
+    {64, DType::kBF16, "fwd wgmma bc64 bh-major", launchForwardSm90<64, 2, 2, 0, __nv_bfloat16>, true},
+    {64, DType::kBF16, "fwd wgmma1 bc64", launchForwardSm90<64, 1, 4, 1, __nv_bfloat16>, true},
+    {64, DType::kBF16, "fwd wgmma bc128", launchForwardSm90<128, 2, 1, 1, __nv_bfloat16>, true},
+    {64, DType::kF16, "fwd wgmma bc64", launchForwardSm90<64, 2, 2, 1, __half>, true},
     // Default without wgmma: fastest at T = 1024 and 2048 on the H200 (attention_bench, 2026-12-02).
     {64, DType::kBF16, "fwd w4 bc64 m2", launchForward<64, 4, 64, 2, 1, __nv_bfloat16>},
     {64, DType::kBF16, "fwd w8 bc64 lb2", launchForward<64, 8, 64, 1, 2, __nv_bfloat16>},
@@ -500,9 +501,11 @@ const Variant<FwdLaunch> kFwd[] = {
     {32, DType::kF16, "fwd w4 bc64", launchForward<32, 4, 64, 1, 1, __half>},
 };
 const Variant<BwdLaunch> kBwd[] = {
+    {64, DType::kBF16, "bwd wgmma q128", launchBackwardSm90Q128<1, __nv_bfloat16>, true},
+    {64, DType::kBF16, "bwd wgmma q128 bh-major", launchBackwardSm90Q128<0, __nv_bfloat16>, true},
     {64, DType::kBF16, "bwd wgmma x2", launchBackwardSm90<2, 1, __nv_bfloat16>, true},
     {64, DType::kBF16, "bwd wgmma x1", launchBackwardSm90<1, 2, __nv_bfloat16>, true},
-    {64, DType::kF16, "bwd wgmma x2", launchBackwardSm90<2, 1, __half>, true},
+    {64, DType::kF16, "bwd wgmma q128", launchBackwardSm90Q128<1, __half>, true},
     {64, DType::kBF16, "bwd w8 brq64", launchBackward<64, 8, 64, true, 1, __nv_bfloat16>},
     {64, DType::kBF16, "bwd w4 brq64", launchBackward<64, 4, 64, true, 1, __nv_bfloat16>},
     {64, DType::kBF16, "bwd w4 brq32 lb3", launchBackward<64, 4, 32, true, 3, __nv_bfloat16>},
@@ -556,6 +559,9 @@ void checkProblem(const FlashProblem& p, DType t) {
   MT_CHECK(flashSupported(p.D, t), "flash attention: head dim ", p.D, " / ", dtypeName(t), " not built");
   MT_CHECK(p.B > 0 && p.H > 0 && p.T > 0 && p.T < (1 << 30) && p.B * p.H < (int64_t{1} << 31) && p.T / 16 < 65535,
            "flash attention: bad problem B=", p.B, " T=", p.T, " H=", p.H);
+  // The wgmma kernels' 1-D grids: B*H blocks per 64-row tile.
+  MT_CHECK(p.B * p.H * ((p.T + 63) / 64) < (int64_t{1} << 31), "flash attention: B*H*T/64 = ",
+           p.B * p.H * ((p.T + 63) / 64), " blocks exceed the grid (B=", p.B, " T=", p.T, " H=", p.H, ")");
 }
 
 }  // namespace

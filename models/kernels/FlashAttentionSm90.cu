@@ -8,14 +8,17 @@
 // keys (double-buffered through cp.async): S = q k^T (A = q, B = k, both K-major in shared memory),
 // masked and exponentiated in registers (online softmax), O += P v with P from registers (B = v,
 // MN-major: v's rows are the reduction index).
-// Backward: one block per (NWG x 64 keys, b*h); warpgroup w owns 64 keys. Per 64-query tile (q, dO,
-// lse, delta double-buffered): S^T = k q^T, dP^T = v dO^T (A = k / v, B = q / dO, K-major);
-// P^T in registers while dP^T still runs, then dV += P^T dO (A from registers, B MN-major) while
-// dS^T = P^T (dP^T - delta) is formed, dK += dS^T q, dS^T to the group's rows of shared memory,
-// and dQ += dS k over the group's own 64 keys (A = dS^T read M-major, B = k MN-major), added to the
-// f32 accumulator with float4 atomics. dk, dv overwritten, dq accumulated. Query tiles before the
-// block's first key are never visited; a group whose keys all follow the tile's queries skips it.
-// Measured against the mma.sync kernels and SDPA: docs/performance.md (attention table, v6).
+// Backward, default (flashBackwardSm90Q128Kernel): one block of 2 warpgroups per (128 keys, b*h),
+// warpgroup w owning 64 keys, against 128-query tiles (q, dO, lse, delta double-buffered): S^T and
+// dP^T as m64n128 products, P^T packed in registers while dP^T runs, dV += P^T dO from registers,
+// dS^T = P^T (dP^T - delta), dK += dS^T q, dS^T to shared memory, and after a barrier of both groups
+// dQ for query half w over all 128 keys, added with float4 atomics. Tiles below the diagonal skip
+// the per-element mask.
+// Backward, earlier shape (flashBackwardSm90Kernel, lab variants): NWG x 64 keys against 64-query
+// tiles, dQ per warpgroup over its own 64 keys. dk, dv overwritten, dq accumulated in both.
+// Grids are tile-major by default (blockTile in FlashCommon.cuh): the blocks of one b*h run side by
+// side and share its rows in L2.
+// Measured against the mma.sync kernels and SDPA: docs/performance.md (attention table, v6 and v7).
 
 #include "core/cuda/CudaCheck.h"
 #include "models/kernels/FlashCommon.cuh"
@@ -64,8 +67,10 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int grp = warp / 4, wl = warp % 4;
   const int nQ = (a.T + BR - 1) / BR;
-  const int qTile = nQ - 1 - static_cast<int>(blockIdx.y);  // heaviest tiles first
-  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  int tile, bh;
+  blockTile(a.tileMajor, nQ, tile, bh);
+  const int qTile = nQ - 1 - tile;  // heaviest tiles first
+  const int b = bh / a.H, h = bh % a.H;
   const int qBase = qTile * BR;
   const T* Q = static_cast<const T*>(a.q) + b * a.qsb + h * a.qsh;
   const T* K = static_cast<const T*>(a.k) + b * a.ksb + h * a.ksh;
@@ -184,8 +189,10 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashBackwardSm90Kernel(const
   float* sD = sL + 2 * BRQ;                            // delta, [2][64]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int grp = warp / 4, wl = warp % 4;
-  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
-  const int kBase = blockIdx.y * BC;
+  int tile, bh;
+  blockTile(a.tileMajor, (a.T + BC - 1) / BC, tile, bh);
+  const int b = bh / a.H, h = bh % a.H;
+  const int kBase = tile * BC;
   const int kw = kBase + grp * 64;                     // the warpgroup's first key
   const int key0 = kw + wl * 16 + g, key1 = key0 + 8;  // this thread's accumulator rows
   const T* Q = static_cast<const T*>(a.q) + b * a.qsb + h * a.qsh;
@@ -321,30 +328,260 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashBackwardSm90Kernel(const
 #endif
 }
 
+constexpr size_t bwdSm90Q128SmemBytes() {
+  // k, v (128 rows each), q and dO double-buffered (128 rows each), dS^T as two 128-row tiles, lse
+  // and delta double-buffered (128 floats each).
+  return static_cast<size_t>(2 + 2 + 4 + 4 + 4) * kTileBytes64 + 4 * 128 * sizeof(float) + 1024;
+}
+
+
+#if MT_WGMMA
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t u);
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+#endif
+
+#if MT_WGMMA
+// P^T = exp2(sl2 S^T - lse) for a 64-key x NT*8-query accumulator (rows key0 / key1, query columns
+// qBase + 8 nt + 2 t4), packed to 16 bits as the A operand of dV += P^T dO. MASKED: 0 where
+// key > query or query >= T (selected, so lse's padding past T is never used as a number).
+template <bool MASKED, int NT, typename T>
+__device__ __forceinline__ void expTile(float (&s)[NT][4], uint32_t (&pa)[NT / 2][4], const float* lq, float sl2,
+                                        int qBase, int key0, int key1, int t4, int seqLen) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const float2 lv = *reinterpret_cast<const float2*>(lq + nt * 8 + 2 * t4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float v = fastExp2(fmaf(s[nt][e], sl2, -((e & 1) ? lv.y : lv.x)));
+      if constexpr (MASKED) {
+        const int qgl = qBase + nt * 8 + 2 * t4 + (e & 1), key = e < 2 ? key0 : key1;
+        s[nt][e] = key <= qgl && qgl < seqLen ? v : 0.f;
+      } else {
+        s[nt][e] = v;
+      }
+    }
+    pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
+    pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
+  }
+}
+// dS^T = P^T (dP^T - delta) with the 16-bit P^T that dV uses, packed as the A operand of
+// dK += dS^T q. MASKED: 0 where P^T is 0 (selected: delta's padding past T is not a number to use).
+template <bool MASKED, int NT, typename T>
+__device__ __forceinline__ void dsTile(float (&dp)[NT][4], const uint32_t (&pa)[NT / 2][4], uint32_t (&sa)[NT / 2][4],
+                                       const float* dlq, int t4) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const float2 dl = *reinterpret_cast<const float2*>(dlq + nt * 8 + 2 * t4);
+    const float2 p0 = unpack2<T>(pa[nt / 2][(nt & 1) * 2]), p1 = unpack2<T>(pa[nt / 2][(nt & 1) * 2 + 1]);
+    const float p[4] = {p0.x, p0.y, p1.x, p1.y};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float v = p[e] * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
+      dp[nt][e] = MASKED && p[e] == 0.f ? 0.f : v;
+    }
+    sa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(dp[nt][0], dp[nt][1]);
+    sa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(dp[nt][2], dp[nt][3]);
+  }
+}
+#endif
+
+// FA3's tile shape at head dim 64: 128 keys per block (64 per warpgroup) against 128-query tiles.
+// Per query tile each warpgroup issues S^T and dP^T as m64n128 products (the shared operand read
+// per 128 queries, not per 64: 3/4 of the shared-memory bytes per FLOP of the 64-query kernel),
+// then P^T in registers (16-bit, the A operand of dV += P^T dO) while dP^T runs, dS^T =
+// P^T (dP^T - delta) from that same 16-bit P^T (f32 S^T is dead by then: 64 registers fewer),
+// dK += dS^T q, and dS^T to shared memory. After a barrier of both warpgroups, warpgroup w computes
+// dQ for the tile's queries 64 w.. over all 128 keys (K = 128), so each dQ element gets one f32
+// atomic add per 128 keys instead of per 64: half the atomic traffic.
+template <typename T>
+__global__ void __launch_bounds__(256, 1) flashBackwardSm90Q128Kernel(const BwdArgs a) {
+#if MT_WGMMA
+  constexpr int kThreads = 256, BC = 128, BRQ = 128, NT = BRQ / 8, DT = kD / 8;
+  using W = wg::Wgmma<64, T>;    // dV, dK, dQ: N = head dim
+  using WS = wg::Wgmma<128, T>;  // S^T, dP^T: N = 128 queries
+  extern __shared__ __align__(16) unsigned char smemRaw[];
+  T* sK = reinterpret_cast<T*>(alignedSmem(smemRaw));  // [128][64]
+  T* sV = sK + BC * kD;                                 // [128][64]
+  T* sQ = sV + BC * kD;                                 // [2][128][64]
+  T* sG = sQ + 2 * BRQ * kD;                            // dO, [2][128][64]
+  T* sS = sG + 2 * BRQ * kD;  // dS^T, [2 query halves][128 keys][64 queries]
+  float* sL = reinterpret_cast<float*>(sS + 2 * BC * 64);  // lse, [2][128]
+  float* sD = sL + 2 * BRQ;                                // delta, [2][128]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int grp = warp / 4, wl = warp % 4;
+  int tile, bh;
+  blockTile(a.tileMajor, (a.T + BC - 1) / BC, tile, bh);
+  const int b = bh / a.H, h = bh % a.H;
+  const int kBase = tile * BC;
+  const int kw = kBase + grp * 64;                     // the warpgroup's first key
+  const int key0 = kw + wl * 16 + g, key1 = key0 + 8;  // this thread's accumulator rows
+  const T* Q = static_cast<const T*>(a.q) + b * a.qsb + h * a.qsh;
+  const T* K = static_cast<const T*>(a.k) + b * a.ksb + h * a.ksh;
+  const T* V = static_cast<const T*>(a.v) + b * a.vsb + h * a.vsh;
+  const T* G = static_cast<const T*>(a.dO) + b * a.gsb + h * a.gsh;
+  const float* L = a.lse + static_cast<int64_t>(bh) * a.Tp;
+  const float* Dl = a.delta + static_cast<int64_t>(bh) * a.Tp;
+  const float sl2 = a.scale * kLog2e;
+  const int iStart = kBase / BRQ, nQ = (a.T + BRQ - 1) / BRQ;
+
+  auto loadQueries = [&](int i, int buf) {
+    loadSwizzled<BRQ, kThreads>(sQ + buf * BRQ * kD, Q, a.qst, i * BRQ, a.T, tid);
+    loadSwizzled<BRQ, kThreads>(sG + buf * BRQ * kD, G, a.gst, i * BRQ, a.T, tid);
+    loadFloats<BRQ, kThreads>(sL + buf * BRQ, L, i * BRQ, a.T, tid);
+    loadFloats<BRQ, kThreads>(sD + buf * BRQ, Dl, i * BRQ, a.T, tid);
+  };
+  loadSwizzled<BC, kThreads>(sK, K, a.kst, kBase, a.T, tid);
+  loadSwizzled<BC, kThreads>(sV, V, a.vst, kBase, a.T, tid);
+  loadQueries(iStart, 0);
+  cpAsyncCommit();
+  cpAsyncWait<0>();
+  wg::fenceProxyAsync();
+  __syncthreads();
+
+  float dk[DT][4], dv[DT][4], s[NT][4], dp[NT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
+  const T* kg = sK + grp * 64 * kD;
+  const T* vg = sV + grp * 64 * kD;
+
+  for (int i = iStart; i < nQ; ++i) {
+    const int buf = (i - iStart) & 1, qBase = i * BRQ;
+    if (i + 1 < nQ) {
+      loadQueries(i + 1, buf ^ 1);
+      cpAsyncCommit();
+    }
+    const T* q = sQ + buf * BRQ * kD;
+    const T* gq = sG + buf * BRQ * kD;
+    const float* lq = sL + buf * BRQ;
+    const float* dlq = sD + buf * BRQ;
+    wg::fenceOperand(s);
+    wg::fenceOperand(dp);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) WS::template ss<0, 0>(s, wg::kmajor(kg + kk * 16), wg::kmajor(q + kk * 16), kk);
+    wg::commit();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) WS::template ss<0, 0>(dp, wg::kmajor(vg + kk * 16), wg::kmajor(gq + kk * 16), kk);
+    wg::commit();
+    // P^T = exp2(sl2 S - lse), zero where key > query or query >= T, while dP^T runs.
+    wg::wait<1>();
+    wg::fenceOperand(s);
+    // Tiles wholly below the diagonal and before T (most of them) take the branch without the
+    // per-element mask: its index arithmetic and selects were a fifth of the loop's instructions.
+    const bool inside = qBase >= kw + 63 && qBase + BRQ <= a.T;  // warpgroup-uniform
+    uint32_t pa[BRQ / 16][4], sa[BRQ / 16][4];
+    if (inside) {
+      expTile<false, NT, T>(s, pa, lq, sl2, qBase, key0, key1, t4, a.T);
+    } else {
+      expTile<true, NT, T>(s, pa, lq, sl2, qBase, key0, key1, t4, a.T);
+    }
+    wg::fenceOperand(dv);
+    wg::fence();
+#pragma unroll
+    for (int kq = 0; kq < BRQ / 16; ++kq) W::template rs<1>(dv, pa[kq], wg::mnmajor(gq + kq * 16 * kD), 1);
+    wg::commit();
+    // dS^T = P^T (dP^T - delta) with the 16-bit P^T that dV uses (0 where masked), while dV runs.
+    wg::wait<1>();
+    wg::fenceOperand(dp);
+    if (inside) {
+      dsTile<false, NT, T>(dp, pa, sa, dlq, t4);
+    } else {
+      dsTile<true, NT, T>(dp, pa, sa, dlq, t4);
+    }
+    wg::fenceOperand(dk);
+    wg::fence();
+#pragma unroll
+    for (int kq = 0; kq < BRQ / 16; ++kq) W::template rs<1>(dk, sa[kq], wg::mnmajor(q + kq * 16 * kD), 1);
+    wg::commit();
+    // dS^T -> shared memory: key rows of this warpgroup, query half nt / 8 (the last tile's dQ
+    // products, which read it, were waited for before the barrier that ended that tile).
+    const int r0 = grp * 64 + wl * 16 + g, r1 = r0 + 8;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      T* half = sS + (nt / 8) * BC * 64;
+      *reinterpret_cast<uint32_t*>(half + wg::swz(r0, nt % 8) + 2 * t4) = sa[nt / 2][(nt & 1) * 2];
+      *reinterpret_cast<uint32_t*>(half + wg::swz(r1, nt % 8) + 2 * t4) = sa[nt / 2][(nt & 1) * 2 + 1];
+    }
+    wg::fenceProxyAsync();
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' dS^T rows written
+    // dQ for queries qBase + 64 grp.. = dS k over the block's 128 keys (A = dS^T read M-major,
+    // B = k MN-major). Not initialised: the first product overwrites it (see the kernel above).
+    float acc[DT][4];
+    const T* sh = sS + grp * BC * 64;
+    wg::fenceOperand(acc);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < BC / 16; ++ks)
+      W::template ss<1, 1>(acc, wg::mnmajor(sh + ks * 16 * 64), wg::mnmajor(sK + ks * 16 * kD), ks);
+    wg::commit();
+    wg::wait<0>();
+    wg::fenceOperand(acc);
+    wg::fenceOperand(dv);
+    wg::fenceOperand(dk);
+    addDqRows(a, b, h, qBase + grp * 64 + wl * 16, g, t4, acc);
+    cpAsyncWait<0>();
+    wg::fenceProxyAsync();
+    __syncthreads();  // next query tile in; this tile's buffers and dS^T free
+  }
+
+  storeKeyGrads(a, b, h, key0, t4, dk, dv);
+#else
+  __trap();  // launched only where sm90KernelsUsable()
+#endif
+}
+
 // 1 in code built for sm_90a, 0 in any other device code: what the loaded module says.
 __device__ int gWgmmaBuilt = MT_WGMMA;
 
 }  // namespace
 
-template <int BC, int NWG, int MINB, typename T>
-void launchForwardSm90(const FwdArgs& a, int B, cudaStream_t s) {
+template <int BC, int NWG, int MINB, int ORDER, typename T>
+void launchForwardSm90(const FwdArgs& args, int B, cudaStream_t s) {
   constexpr size_t smem = fwdSm90SmemBytes<BC, NWG>();
   auto kernel = flashForwardSm90Kernel<BC, NWG, MINB, T>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  const dim3 grid(static_cast<unsigned>(B * a.H), (a.T + NWG * 64 - 1) / (NWG * 64));
-  kernel<<<grid, NWG * 128, smem, s>>>(a);
+  FwdArgs a = args;
+  a.tileMajor = ORDER;
+  kernel<<<tileGrid(ORDER, B * a.H, (a.T + NWG * 64 - 1) / (NWG * 64)), NWG * 128, smem, s>>>(a);
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <int NWG, int MINB, typename T>
-void launchBackwardSm90(const BwdArgs& a, int B, cudaStream_t s) {
+void launchBackwardSm90(const BwdArgs& args, int B, cudaStream_t s) {
   constexpr size_t smem = bwdSm90SmemBytes<NWG>();
   auto kernel = flashBackwardSm90Kernel<NWG, MINB, T>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  const dim3 grid(static_cast<unsigned>(B * a.H), (a.T + NWG * 64 - 1) / (NWG * 64));
-  kernel<<<grid, NWG * 128, smem, s>>>(a);
+  BwdArgs a = args;
+  a.tileMajor = 0;
+  kernel<<<tileGrid(0, B * a.H, (a.T + NWG * 64 - 1) / (NWG * 64)), NWG * 128, smem, s>>>(a);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <int ORDER, typename T>
+void launchBackwardSm90Q128(const BwdArgs& args, int B, cudaStream_t s) {
+  constexpr size_t smem = bwdSm90Q128SmemBytes();
+  auto kernel = flashBackwardSm90Q128Kernel<T>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  BwdArgs a = args;
+  a.tileMajor = ORDER;
+  kernel<<<tileGrid(ORDER, B * a.H, (a.T + 127) / 128), 256, smem, s>>>(a);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -366,14 +603,19 @@ bool sm90KernelsUsable() {
   return usable;
 }
 
-#define MT_FLASH_SM90(T)                                                          \
-  template void launchForwardSm90<64, 2, 2, T>(const FwdArgs&, int, cudaStream_t);  \
-  template void launchForwardSm90<64, 1, 4, T>(const FwdArgs&, int, cudaStream_t);  \
-  template void launchForwardSm90<128, 2, 1, T>(const FwdArgs&, int, cudaStream_t); \
-  template void launchBackwardSm90<2, 1, T>(const BwdArgs&, int, cudaStream_t);     \
-  template void launchBackwardSm90<1, 2, T>(const BwdArgs&, int, cudaStream_t);
-MT_FLASH_SM90(__nv_bfloat16)
-MT_FLASH_SM90(__half)
-#undef MT_FLASH_SM90
+// What the variant tables in FlashAttention.cu list: every shape in bf16 (the lab compares them),
+// the defaults in f16.
+#define MT_FLASH_SM90_DEFAULTS(T)                                                       \
+  template void launchForwardSm90<64, 2, 2, 1, T>(const FwdArgs&, int, cudaStream_t);     \
+  template void launchBackwardSm90Q128<1, T>(const BwdArgs&, int, cudaStream_t);
+MT_FLASH_SM90_DEFAULTS(__nv_bfloat16)
+MT_FLASH_SM90_DEFAULTS(__half)
+#undef MT_FLASH_SM90_DEFAULTS
+template void launchForwardSm90<64, 2, 2, 0, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
+template void launchForwardSm90<64, 1, 4, 1, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
+template void launchForwardSm90<128, 2, 1, 1, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
+template void launchBackwardSm90<2, 1, __nv_bfloat16>(const BwdArgs&, int, cudaStream_t);
+template void launchBackwardSm90<1, 2, __nv_bfloat16>(const BwdArgs&, int, cudaStream_t);
+template void launchBackwardSm90Q128<0, __nv_bfloat16>(const BwdArgs&, int, cudaStream_t);
 
 }  // namespace mt::cuda::flash

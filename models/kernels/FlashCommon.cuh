@@ -163,6 +163,7 @@ struct FwdArgs {
   int64_t qsb, qst, qsh, ksb, kst, ksh, vsb, vst, vsh, osb, ost, osh;
   int T, H, Tp, oCode;
   float scale;
+  int tileMajor;  // wgmma kernels: grid of B*H*tiles blocks, tile index fastest (see blockTile)
 };
 
 struct BwdArgs {
@@ -174,7 +175,22 @@ struct BwdArgs {
   int64_t dqsb, dqst, dqsh, dksb, dkst, dksh, dvsb, dvst, dvsh;
   int T, H, Tp, dkCode, dvCode;
   float scale;
+  int tileMajor;  // as in FwdArgs
 };
+
+// The block's tile index and b*H + h. Tile-major (a 1-D grid, tile fastest): the blocks of one
+// (b, h) run side by side, so the q / k / v / dO rows they all read and the dQ rows they all add to
+// stay in L2 (FlashAttention-2's grid order). Otherwise (B*H, tiles) with b*h fastest.
+__device__ __forceinline__ void blockTile(int tileMajor, int nTiles, int& tile, int& bh) {
+  if (tileMajor) {
+    tile = static_cast<int>(blockIdx.x % nTiles), bh = static_cast<int>(blockIdx.x / nTiles);
+  } else {
+    tile = static_cast<int>(blockIdx.y), bh = static_cast<int>(blockIdx.x);
+  }
+}
+inline dim3 tileGrid(int tileMajor, int BH, int nTiles) {
+  return tileMajor ? dim3(static_cast<unsigned>(BH) * static_cast<unsigned>(nTiles)) : dim3(BH, nTiles);
+}
 
 // One key tile of the forward's online softmax for a 16-row block (rows rowBase + g and + 8): S
 // (mma-layout accumulator over the tile's keys kBase..) masked where key > row, the running row max
@@ -276,10 +292,14 @@ __device__ __forceinline__ void storeKeyGrads(const BwdArgs& a, int b, int h, in
 // wgmma kernels (FlashAttentionSm90.cu), head dim 64: explicitly instantiated there for bf16 and f16.
 // Forward: NWG warpgroups of 64 queries per block, BC keys per tile. Backward: NWG warpgroups of 64
 // keys per block, 64-query tiles.
-template <int BC, int NWG, int MINB, typename T>
+// ORDER: 1 = tile-major grid (blockTile), 0 = b*h fastest.
+template <int BC, int NWG, int MINB, int ORDER, typename T>
 void launchForwardSm90(const FwdArgs& a, int B, cudaStream_t s);
 template <int NWG, int MINB, typename T>
 void launchBackwardSm90(const BwdArgs& a, int B, cudaStream_t s);
+// Backward with 2 warpgroups of 64 keys against 128-query tiles, dQ over the block's 128 keys.
+template <int ORDER, typename T>
+void launchBackwardSm90Q128(const BwdArgs& a, int B, cudaStream_t s);
 // The device is compute capability 9.0 and its loaded code was built for sm_90a (wgmma present).
 bool sm90KernelsUsable();
 

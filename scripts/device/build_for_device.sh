@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds meshtrain for the device tool's H200 on this machine (sm_90a, shared libraries, static
 # Boost.PO) and stages what a device run needs in dist/ (under the 64 MiB the tool carries):
-#   dist/bin, dist/lib      binaries and our shared libraries (RPATH $ORIGIN/../lib)
+#   dist/bin, dist/lib      binaries and our shared libraries (RPATH $ORIGIN/../lib), travelling
+#                           xz-compressed as dist/binaries.tar.xz (run_on_device.sh unpacks them):
+#                           uncompressed they and the dataset no longer fit the tool's 64 MiB
 #   dist/fallback-lib       system libraries the device image may lack, xz-compressed (unpacked by
 #                           run_on_device.sh only when ldd there reports them missing)
 #   dist/fashion-idx        Fashion-MNIST IDX files, converted to HDF5 on the device
@@ -24,4 +26,6 @@ for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libhdf5_serial.so.
 done
 cp /usr/share/datasets/fashion-mnist/*.gz dist/fashion-idx/
 /usr/bin/python3 tests/models/torch_reference.py dist/parity_ref.h5 >/dev/null
+tar -C dist -cf - bin lib | xz -T0 -6 >dist/binaries.tar.xz
+rm -rf dist/bin dist/lib
 du -sh dist dist/*

@@ -6,6 +6,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/mt-out}"
 mkdir -p "$out" dist/active-lib
+if [[ -f dist/binaries.tar.xz ]]; then  # build_for_device.sh's binaries and libraries
+  rm -rf dist/bin dist/lib
+  tar -C dist -xJf dist/binaries.tar.xz
+fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # Unpack only the fallback libraries the system lacks (twice: fallbacks may need fallbacks).
