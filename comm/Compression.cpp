@@ -11,30 +11,22 @@
 
 namespace mt {
 
-CompressionMethod parseCompressionMethod(const std::string& name) {
-  if (name == "none") return CompressionMethod::kNone;
-  if (name == "fp16") return CompressionMethod::kFp16;
-  if (name == "bf16") return CompressionMethod::kBf16;
-  if (name == "powersgd") return CompressionMethod::kPowerSgd;
-  if (name == "topk") return CompressionMethod::kTopK;
-  throw ConfigError("unknown compression method '" + name + "' (none, fp16, bf16, powersgd, topk)");
+const EnumTable<CompressionMethod>& compressionMethods() {
+  static const EnumTable<CompressionMethod> kTable = {
+      {CompressionMethod::kNone, "none"}, {CompressionMethod::kFp16, "fp16"},   {CompressionMethod::kBf16, "bf16"},
+      {CompressionMethod::kPowerSgd, "powersgd"}, {CompressionMethod::kTopK, "topk"},
+  };
+  return kTable;
 }
 
-const char* compressionMethodName(CompressionMethod m) {
-  switch (m) {
-    case CompressionMethod::kNone:
-      return "none";
-    case CompressionMethod::kFp16:
-      return "fp16";
-    case CompressionMethod::kBf16:
-      return "bf16";
-    case CompressionMethod::kPowerSgd:
-      return "powersgd";
-    case CompressionMethod::kTopK:
-      return "topk";
-  }
-  return "?";
+CompressionMethod parseCompressionMethod(const std::string& name) {
+  CompressionMethod m;
+  if (!parseEnum(compressionMethods(), name, &m))
+    throw ConfigError("unknown compression method '" + name + "' (none, fp16, bf16, powersgd, topk)");
+  return m;
 }
+
+const char* compressionMethodName(CompressionMethod m) { return enumName(compressionMethods(), m); }
 
 namespace {
 
@@ -72,7 +64,7 @@ void CastReducer::launch(const Bucket& bucket, Tensor grads) {
   if (!buf.defined() || buf.numel() != grads.numel() || buf.device() != grads.device())
     buf = Tensor::empty({grads.numel()}, wire_, grads.device());
   scaleTensor(grads, 1.f / static_cast<float>(comm_.size()));
-  castInto(buf, grads);
+  convertInto(buf, grads);
   stats_.seconds += sw.elapsed();
   setWork(bucket.index, comm_.allReduce(buf, ReduceOp::kSum));
   stats_.bytesBefore += static_cast<int64_t>(grads.nbytes());
@@ -82,7 +74,7 @@ void CastReducer::launch(const Bucket& bucket, Tensor grads) {
 void CastReducer::wait(const Bucket& bucket, Tensor grads) {
   lastWork(bucket.index)->wait(comm_.timeout());
   Stopwatch sw;
-  castInto(grads, buffers_[static_cast<size_t>(bucket.index)]);
+  convertInto(grads, buffers_[static_cast<size_t>(bucket.index)]);
   stats_.seconds += sw.elapsed();
 }
 

@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/EnumTable.h"
 #include "comm/BucketReducer.h"
 #include "core/ParamTable.h"
 
@@ -51,6 +52,7 @@ struct CompressionOptions {
 };
 
 // none, fp16, bf16, powersgd, topk; anything else throws ConfigError.
+const EnumTable<CompressionMethod>& compressionMethods();
 CompressionMethod parseCompressionMethod(const std::string& name);
 const char* compressionMethodName(CompressionMethod m);
 

@@ -23,36 +23,7 @@ void checkF32(const Tensor& t, const char* what) {
   MT_CHECK(t.dtype() == DType::kF32 && t.isContiguous(), what, ": needs a contiguous f32 tensor, got ", t.str());
 }
 
-template <typename Src, typename Dst>
-void convertCpu(Dst* d, const Src* s, int64_t n) {
-  parallelFor(n, kGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) d[i] = Dst(static_cast<float>(s[i]));
-  });
-}
-
 }  // namespace
-
-void castInto(Tensor& dst, const Tensor& src) {
-  MT_CHECK(dst.numel() == src.numel(), "cast of ", src.str(), " into ", dst.str());
-  if (dst.dtype() == src.dtype()) {
-    dst.copyFrom(src);
-    return;
-  }
-  MT_CHECK(dst.device() == src.device(), "conversion across devices: ", src.str(), " -> ", dst.str());
-#ifdef MT_WITH_CUDA
-  if (dst.device().isCuda()) {
-    cuda::castTensor(dst, src);
-    return;
-  }
-#endif
-  const int64_t n = src.numel();
-  const DType s = src.dtype(), d = dst.dtype();
-  if (s == DType::kF32 && d == DType::kBF16) convertCpu(dst.data<BFloat16>(), src.data<float>(), n);
-  else if (s == DType::kF32 && d == DType::kF16) convertCpu(dst.data<Float16>(), src.data<float>(), n);
-  else if (s == DType::kBF16 && d == DType::kF32) convertCpu(dst.data<float>(), src.data<BFloat16>(), n);
-  else if (s == DType::kF16 && d == DType::kF32) convertCpu(dst.data<float>(), src.data<Float16>(), n);
-  else MT_CHECK(false, "conversion ", dtypeName(s), " -> ", dtypeName(d));
-}
 
 void scaleTensor(Tensor& x, float a) {
   checkF32(x, "scaleTensor");

@@ -6,13 +6,12 @@
 
 #include <cstdint>
 
+#include "core/Convert.h"  // convertInto: the casts around a 16-bit all-reduce
 #include "core/Tensor.h"
 #include "models/layers/Gemm.h"
 
 namespace mt {
 
-// dst <- src converted (f32 <-> bf16/f16, or a copy for equal dtypes); same numel and device.
-void castInto(Tensor& dst, const Tensor& src);
 // x *= a (f32).
 void scaleTensor(Tensor& x, float a);
 // y += x (f32, equal numel).

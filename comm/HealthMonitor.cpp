@@ -24,28 +24,33 @@ constexpr char kHello = 'H', kBye = 'B', kLost = 'L', kAbort = 'X', kBeat = 'K',
 using Clock = std::chrono::steady_clock;
 
 // Heartbeats never block the monitor: a stopped peer's full socket buffer just drops them.
+// Every message is kMessageBytes: kind, rank, exit code (an abort's: what the peers exit with).
+constexpr size_t kMessageBytes = 9;
+
 void sendBeat(int fd) {
-  char buf[5] = {kBeat, 0, 0, 0, 0};
-  (void)!::send(fd, buf, 5, MSG_NOSIGNAL | MSG_DONTWAIT);
+  char buf[kMessageBytes] = {kBeat};
+  (void)!::send(fd, buf, kMessageBytes, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 struct Message {
   char kind;
   int32_t rank;
+  int32_t code = 0;
 };
 
 bool sendMessage(int fd, Message m) {
-  char buf[5] = {m.kind};
+  char buf[kMessageBytes] = {m.kind};
   std::memcpy(buf + 1, &m.rank, 4);
-  return ::send(fd, buf, 5, MSG_NOSIGNAL) == 5;
+  std::memcpy(buf + 5, &m.code, 4);
+  return ::send(fd, buf, kMessageBytes, MSG_NOSIGNAL) == static_cast<ssize_t>(kMessageBytes);
 }
 
 // 1: got a message, 0: peer closed, -1: error/partial.
 int recvMessage(int fd, Message* m) {
-  char buf[5];
+  char buf[kMessageBytes];
   size_t got = 0;
-  while (got < 5) {
-    ssize_t n = ::recv(fd, buf + got, 5 - got, 0);
+  while (got < kMessageBytes) {
+    ssize_t n = ::recv(fd, buf + got, kMessageBytes - got, 0);
     if (n == 0) return got == 0 ? 0 : -1;
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -55,6 +60,7 @@ int recvMessage(int fd, Message* m) {
   }
   m->kind = buf[0];
   std::memcpy(&m->rank, buf + 1, 4);
+  std::memcpy(&m->code, buf + 5, 4);
   return 1;
 }
 
@@ -202,18 +208,18 @@ void HealthMonitor::shutdown() {
     if (fd >= 0) ::close(fd), fd = -1;
 }
 
-void HealthMonitor::announceAbort() {
+void HealthMonitor::announceAbort(int exitCode) {
   if (!active_ || stopping_) return;
   reported_ = true;  // this rank is ending anyway: do not also report the peers' reactions
   std::lock_guard<std::mutex> lock(sendMutex_);
-  if (serverFd_ >= 0) sendMessage(serverFd_, {kAbort, rank_});
+  if (serverFd_ >= 0) sendMessage(serverFd_, {kAbort, rank_, exitCode});
   for (size_t r = 1; r < clientFds_.size(); ++r)
-    if (clientFds_[r] >= 0 && !clientLeft_[r]) sendMessage(clientFds_[r], {kAbort, 0});
+    if (clientFds_[r] >= 0 && !clientLeft_[r]) sendMessage(clientFds_[r], {kAbort, 0, exitCode});
 }
 
-void HealthMonitor::report(int rank, const std::string& why) {
+void HealthMonitor::report(int rank, const std::string& why, int exitCode) {
   if (stopping_ || reported_.exchange(true)) return;
-  if (handler_) handler_(rank, why);
+  if (handler_) handler_(rank, why, exitCode);
 }
 
 void HealthMonitor::serverLoop() {
@@ -274,10 +280,12 @@ void HealthMonitor::serverLoop() {
         std::lock_guard<std::mutex> lock(sendMutex_);
         for (int o = 1; o < size_; ++o)
           if (o != r && clientFds_[static_cast<size_t>(o)] >= 0 && !clientLeft_[static_cast<size_t>(o)])
-            sendMessage(clientFds_[static_cast<size_t>(o)], {aborted ? kAbort : kLost, r});
+            sendMessage(clientFds_[static_cast<size_t>(o)], {aborted ? kAbort : kLost, r, aborted ? m.code : 0});
       }
-      report(r, aborted ? "it ended the job with an error (its log says why)"
-                        : "its connection to rank 0 closed without a goodbye (process killed or crashed)");
+      report(r,
+             aborted ? "it ended the job with an error (its log says why)"
+                     : "its connection to rank 0 closed without a goodbye (process killed or crashed)",
+             aborted ? m.code : 0);
       return;
     }
   }
@@ -317,7 +325,7 @@ void HealthMonitor::clientLoop() {
       return;
     }
     if (rc == 1 && m.kind == kAbort) {
-      report(m.rank, "it ended the job with an error (its log says why)");
+      report(m.rank, "it ended the job with an error (its log says why)", m.code);
       return;
     }
     if (rc == 1) continue;

@@ -22,7 +22,9 @@ namespace mt {
 
 class HealthMonitor {
  public:
-  using LostHandler = std::function<void(int lostRank, const std::string& why)>;
+  // exitCode: the code a peer ended the job with (it announced an abort), or 0 for a rank lost
+  // (killed, crashed, stopped).
+  using LostHandler = std::function<void(int lostRank, const std::string& why, int exitCode)>;
   // Collective over `world` (exchanges rank 0's address with MPI_Bcast on the calling thread).
   // port 0: any free port. When the connection cannot be made the monitor logs a warning and this
   // rank relies on collective timeouts alone.
@@ -32,14 +34,15 @@ class HealthMonitor {
   HealthMonitor& operator=(const HealthMonitor&) = delete;
   // Leaves cleanly: peers will not report this rank when its connection closes.
   void shutdown();
-  // This rank is about to end the job with an error: peers report that instead of a lost rank.
-  void announceAbort();
+  // This rank is about to end the job with an error and `exitCode`: peers report that instead of a
+  // lost rank, and exit with the same code (bad input is exit 2 on every rank).
+  void announceAbort(int exitCode);
   bool active() const { return active_; }
 
  private:
   void serverLoop();
   void clientLoop();
-  void report(int rank, const std::string& why);
+  void report(int rank, const std::string& why, int exitCode = 0);
 
   int rank_ = 0, size_ = 1;
   int heartbeatTimeoutS_ = 20;  // 0: no heartbeat checks

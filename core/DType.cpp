@@ -15,27 +15,16 @@ size_t dtypeSize(DType t) {
   return 0;
 }
 
-const char* dtypeName(DType t) {
-  switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
-    case DType::kF64: return "f64";
-  }
-  return "?";
+const EnumTable<DType>& dtypes() {
+  static const EnumTable<DType> kTable = {
+      {DType::kF32, "f32"}, {DType::kBF16, "bf16"}, {DType::kF16, "f16"}, {DType::kI32, "i32"},
+      {DType::kI64, "i64"}, {DType::kU8, "u8"},     {DType::kF64, "f64"},
+  };
+  return kTable;
 }
 
-bool parseDType(const std::string& name, DType* out) {
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64, DType::kU8, DType::kF64}) {
-    if (name == dtypeName(t)) {
-      *out = t;
-      return true;
-    }
-  }
-  return false;
-}
+const char* dtypeName(DType t) { return enumName(dtypes(), t); }
+
+bool parseDType(const std::string& name, DType* out) { return parseEnum(dtypes(), name, out); }
 
 }  // namespace mt

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/EnumTable.h"
+
 #if defined(__CUDACC__)
 #define MT_HOST_DEVICE __host__ __device__
 #else
@@ -19,8 +21,9 @@ namespace mt {
 enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8, kF64 };
 
 size_t dtypeSize(DType t);
+const EnumTable<DType>& dtypes();  // "f32", "bf16", "f16", "i32", "i64", "u8", "f64"
 const char* dtypeName(DType t);
-bool parseDType(const std::string& name, DType* out);  // "f32", "bf16", "f16", "i32", "i64", "u8", "f64"
+bool parseDType(const std::string& name, DType* out);
 inline bool isFloating(DType t) {
   return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kF64;
 }

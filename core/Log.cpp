@@ -63,14 +63,13 @@ int logRank() { return gRank; }
 void setLogLevel(LogLevel level) { gLevel = static_cast<int>(level); }
 LogLevel logLevel() { return static_cast<LogLevel>(gLevel.load()); }
 
-bool parseLogLevel(const std::string& name, LogLevel* out) {
-  if (name == "debug") *out = LogLevel::kDebug;
-  else if (name == "info") *out = LogLevel::kInfo;
-  else if (name == "warn") *out = LogLevel::kWarn;
-  else if (name == "error") *out = LogLevel::kError;
-  else return false;
-  return true;
+const EnumTable<LogLevel>& logLevels() {
+  static const EnumTable<LogLevel> kTable = {
+      {LogLevel::kDebug, "debug"}, {LogLevel::kInfo, "info"}, {LogLevel::kWarn, "warn"}, {LogLevel::kError, "error"}};
+  return kTable;
 }
+
+bool parseLogLevel(const std::string& name, LogLevel* out) { return parseEnum(logLevels(), name, out); }
 
 LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
   using namespace std::chrono;

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <string>
 
+#include "core/EnumTable.h"
+
 namespace mt {
 
 enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
@@ -15,6 +17,7 @@ void setLogRank(int rank, int worldSize);
 int logRank();
 void setLogLevel(LogLevel level);
 LogLevel logLevel();
+const EnumTable<LogLevel>& logLevels();
 bool parseLogLevel(const std::string& name, LogLevel* out);
 inline bool logEnabled(LogLevel level) { return static_cast<int>(level) >= static_cast<int>(logLevel()); }
 

@@ -1,3 +1,4 @@
+#include "core/Convert.h"
 #include "core/Tensor.h"
 
 #include <cstring>
@@ -177,49 +178,11 @@ Tensor Tensor::to(Device d) const {
 
 Tensor Tensor::clone() const { return to(device()); }
 
-namespace {
-template <typename Src, typename Dst>
-void convertLoop(const Src* s, Dst* d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<Dst>(static_cast<float>(s[i]));
-}
-template <typename Src>
-void convertFrom(const Src* s, Tensor& out, int64_t n) {
-  switch (out.dtype()) {
-    case DType::kF32: convertLoop(s, out.data<float>(), n); break;
-    case DType::kBF16: convertLoop(s, out.data<BFloat16>(), n); break;
-    case DType::kF16: convertLoop(s, out.data<Float16>(), n); break;
-    case DType::kF64: convertLoop(s, out.data<double>(), n); break;
-    default: MT_CHECK(false, "toDType into ", dtypeName(out.dtype()));
-  }
-}
-template <typename Src, typename Dst>
-void convertInt(const Src* s, Dst* d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<Dst>(s[i]);
-}
-}  // namespace
-
 Tensor Tensor::toDType(DType dtype) const {
   MT_CHECK(device().isCpu() && isContiguous(), "toDType needs a contiguous CPU tensor: ", str());
   if (dtype == dtype_) return clone();
   Tensor out = empty(shape_, dtype, Device::cpu());
-  int64_t n = numel();
-  if (isFloating(dtype_) && isFloating(dtype)) {
-    switch (dtype_) {
-      case DType::kF32: convertFrom(data<float>(), out, n); break;
-      case DType::kBF16: convertFrom(data<BFloat16>(), out, n); break;
-      case DType::kF16: convertFrom(data<Float16>(), out, n); break;
-      case DType::kF64: convertFrom(data<double>(), out, n); break;
-      default: break;
-    }
-  } else if (dtype_ == DType::kI32 && dtype == DType::kI64) {
-    convertInt(data<int32_t>(), out.data<int64_t>(), n);
-  } else if (dtype_ == DType::kI64 && dtype == DType::kI32) {
-    convertInt(data<int64_t>(), out.data<int32_t>(), n);
-  } else if (dtype_ == DType::kU8 && dtype == DType::kF32) {
-    convertInt(data<uint8_t>(), out.data<float>(), n);
-  } else {
-    MT_CHECK(false, "toDType ", dtypeName(dtype_), " -> ", dtypeName(dtype), " not supported");
-  }
+  convertInto(out, *this);
   return out;
 }
 

@@ -12,21 +12,13 @@
 
 namespace mt {
 
-bool parseFeedMode(const std::string& name, FeedMode* out) {
-  if (name == "pinned") *out = FeedMode::kPinned;
-  else if (name == "uvm") *out = FeedMode::kUvm;
-  else if (name == "device") *out = FeedMode::kDevice;
-  else return false;
-  return true;
-}
-
-const char* feedModeName(FeedMode m) {
-  switch (m) {
-    case FeedMode::kPinned: return "pinned";
-    case FeedMode::kUvm: return "uvm";
-    case FeedMode::kDevice: return "device";
-  }
-  return "?";
+const EnumTable<FeedMode>& feedModes() {
+  static const EnumTable<FeedMode> kTable = {
+      {FeedMode::kPinned, "pinned", "copy stream from page-locked memory"},
+      {FeedMode::kUvm, "uvm", "managed memory, prefetched"},
+      {FeedMode::kDevice, "device", "split resident on the GPU; needs data.mode = memory"},
+  };
+  return kTable;
 }
 
 #ifdef MT_WITH_CUDA
@@ -66,31 +58,20 @@ void prefetch(const Tensor& t, cudaStream_t copy, int device) {
 
 }  // namespace
 
-DeviceFeed::DeviceFeed(FeedMode mode, Loader& loader, Device device, const ImageDataset* images,
-                       const TokenDataset* tokens)
+DeviceFeed::DeviceFeed(FeedMode mode, Loader& loader, Device device, const ResidentSplit* split)
     : mode_(mode), loader_(loader), device_(device), impl_(std::make_unique<Impl>()) {
   MT_CHECK(device.isCuda(), "DeviceFeed on ", device.str());
   if (mode_ != FeedMode::kDevice) return;
   MT_CHECK(loader.numWorkers() == 0, "the device feed gathers on the GPU: the loader needs no workers");
-  if (images) {
-    if (!images->inMemory())
-      throw ConfigError("data.feed = device needs data.mode = memory (the split is loaded once, then copied)");
-    const std::vector<uint8_t>& img = images->memoryImages();
-    const std::vector<int64_t>& lab = images->memoryLabels();
-    const InputSpec s = images->spec();
-    impl_->imageShape = {s.height, s.width, s.channels};
-    impl_->images = Tensor::fromBlob(const_cast<uint8_t*>(img.data()), {images->size(), s.height, s.width, s.channels},
-                                     DType::kU8)
-                        .to(device);
-    impl_->labels = Tensor::fromBlob(const_cast<int64_t*>(lab.data()), {images->size()}, DType::kI64).to(device);
+  MT_CHECK(split, "device feed without a dataset");
+  const ResidentData r = split->resident();
+  if (r.rowInputs.defined()) {
+    impl_->imageShape = Shape(r.rowInputs.shape().begin() + 1, r.rowInputs.shape().end());
+    impl_->images = r.rowInputs.to(device);
+    impl_->labels = r.rowTargets.to(device);
   } else {
-    MT_CHECK(tokens, "device feed without a dataset");
-    if (!tokens->inMemory())
-      throw ConfigError("data.feed = device needs data.mode = memory (the split is loaded once, then copied)");
-    const std::vector<int32_t>& tok = tokens->memoryTokens();
-    impl_->tokens = Tensor::fromBlob(const_cast<int32_t*>(tok.data()), {static_cast<int64_t>(tok.size())}, DType::kI32)
-                        .to(device);
-    impl_->T = tokens->seqLen();
+    impl_->tokens = r.tokens.to(device);
+    impl_->T = r.window;
   }
 }
 
@@ -161,7 +142,7 @@ Batch DeviceFeed::next() {
 
 struct DeviceFeed::Impl {};
 
-DeviceFeed::DeviceFeed(FeedMode mode, Loader& loader, Device device, const ImageDataset*, const TokenDataset*)
+DeviceFeed::DeviceFeed(FeedMode mode, Loader& loader, Device device, const ResidentSplit*)
     : mode_(mode), loader_(loader), device_(device) {
   throw ConfigError(std::string("data.feed = ") + feedModeName(mode) + " needs a build with CUDA");
 }

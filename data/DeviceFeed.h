@@ -15,22 +15,23 @@
 
 #include <memory>
 
+#include "core/EnumTable.h"
 #include "core/Tensor.h"
-#include "data/ImageDataset.h"
 #include "data/Loader.h"
-#include "data/TokenDataset.h"
+#include "data/ResidentSplit.h"
 
 namespace mt {
 
 enum class FeedMode { kPinned, kUvm, kDevice };
-bool parseFeedMode(const std::string& name, FeedMode* out);
-const char* feedModeName(FeedMode m);
+const EnumTable<FeedMode>& feedModes();
+inline bool parseFeedMode(const std::string& name, FeedMode* out) { return parseEnum(feedModes(), name, out); }
+inline const char* feedModeName(FeedMode m) { return enumName(feedModes(), m); }
 
 class DeviceFeed {
  public:
-  // images or tokens: the training split, needed (in memory) for the device mode only. In device
-  // mode the loader must have no workers: it only supplies indices.
-  DeviceFeed(FeedMode mode, Loader& loader, Device device, const ImageDataset* images, const TokenDataset* tokens);
+  // split: the loader's split, needed (in memory) for the device mode only. In device mode the
+  // loader must have no workers: it only supplies indices.
+  DeviceFeed(FeedMode mode, Loader& loader, Device device, const ResidentSplit* split);
   ~DeviceFeed();
   DeviceFeed(const DeviceFeed&) = delete;
   DeviceFeed& operator=(const DeviceFeed&) = delete;

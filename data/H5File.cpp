@@ -12,6 +12,12 @@
 
 namespace mt {
 
+const EnumTable<FileLocking>& fileLockings() {
+  static const EnumTable<FileLocking> kTable = {
+      {FileLocking::kAuto, "auto", "HDF5_USE_FILE_LOCKING decides"}, {FileLocking::kOn, "on"}, {FileLocking::kOff, "off"}};
+  return kTable;
+}
+
 namespace {
 
 // HDF5 prints its error stack to stderr by default; we turn the innermost message into our own

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/EnumTable.h"
 #include "core/DType.h"
 #include "core/Tensor.h"
 
@@ -85,6 +86,7 @@ struct H5DatasetInfo {
 };
 
 enum class FileLocking { kAuto, kOn, kOff };  // auto: whatever HDF5_USE_FILE_LOCKING says
+const EnumTable<FileLocking>& fileLockings();
 
 class H5File {
  public:

@@ -100,4 +100,14 @@ void ImageDataset::loadIntoMemory() {
     memLabels_[static_cast<size_t>(i)] = widenLabel(raw.data() + i * labels_->rowBytes(), labelType_);
 }
 
+ResidentData ImageDataset::resident() const {
+  if (!inMemory())
+    throw ConfigError("data.feed = device needs data.mode = memory (the split is loaded once, then copied)");
+  ResidentData r;
+  r.rowInputs = Tensor::fromBlob(const_cast<uint8_t*>(memImages_.data()), {n_, spec_.height, spec_.width, spec_.channels},
+                                 DType::kU8);
+  r.rowTargets = Tensor::fromBlob(const_cast<int64_t*>(memLabels_.data()), {n_}, DType::kI64);
+  return r;
+}
+
 }  // namespace mt

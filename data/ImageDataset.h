@@ -9,12 +9,13 @@
 #include <string>
 
 #include "data/H5File.h"
+#include "data/ResidentSplit.h"
 #include "data/RowReader.h"
 #include "core/InputSpec.h"
 
 namespace mt {
 
-class ImageDataset {
+class ImageDataset final : public ResidentSplit {
  public:
   // `file` must outlive the dataset. minSamples: the world size (each rank needs one).
   ImageDataset(const H5File& file, const std::string& split, int64_t minSamples);
@@ -29,6 +30,8 @@ class ImageDataset {
   bool inMemory() const { return !memImages_.empty(); }
   const std::vector<uint8_t>& memoryImages() const { return memImages_; }  // [N,H,W,C] after loadIntoMemory
   const std::vector<int64_t>& memoryLabels() const { return memLabels_; }
+  // Images u8 [N,H,W,C] and labels i64 [N] in memory (after loadIntoMemory).
+  ResidentData resident() const override;
 
  private:
   std::string file_, split_;

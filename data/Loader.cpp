@@ -8,13 +8,26 @@ namespace mt {
 Loader::Loader(const BatchSource& source, LoaderOptions options, int rank, int worldSize, Allocator& host)
     : source_(source),
       opt_(options),
-      sampler_(source.size(), rank, worldSize, options.shuffle, options.seed, /*dropLast=*/options.dropLast),
+      sampler_(std::make_unique<DistributedSampler>(source.size(), rank, worldSize, options.shuffle, options.seed,
+                                                    /*dropLast=*/options.dropLast)),
       host_(host) {
   MT_REQUIRE(opt_.batchSize > 0, ConfigError, "batch size per rank must be positive, got ", opt_.batchSize);
-  const int64_t per = sampler_.samplesPerRank();
+  const int64_t per = sampler_->samplesPerRank();
   batchesPerEpoch_ = opt_.dropLast ? per / opt_.batchSize : (per + opt_.batchSize - 1) / opt_.batchSize;
   MT_REQUIRE(batchesPerEpoch_ > 0, DataError, "dataset of ", source.size(), " samples gives ", per,
              " per rank, fewer than one batch of ", opt_.batchSize);
+  startWorkers();
+}
+
+Loader::Loader(const BatchSource& source, std::vector<std::vector<int64_t>> schedule, LoaderOptions options,
+               Allocator& host)
+    : source_(source), opt_(std::move(options)), schedule_(std::move(schedule)), host_(host) {
+  MT_REQUIRE(!schedule_.empty(), InternalError, "a loader schedule needs at least one batch");
+  for (const auto& batch : schedule_)
+    for (int64_t i : batch)
+      MT_REQUIRE(i >= 0 && i < source.size(), InternalError, "schedule index ", i, " outside a source of ",
+                 source.size());
+  batchesPerEpoch_ = static_cast<int64_t>(schedule_.size());
   startWorkers();
 }
 
@@ -24,9 +37,10 @@ LoaderPosition Loader::positionOf(int64_t seq) const { return {seq / batchesPerE
 
 std::vector<int64_t> Loader::batchIndices(int64_t seq) {
   LoaderPosition p = positionOf(seq);
+  if (!sampler_) return schedule_[static_cast<size_t>(p.batchInEpoch)];
   const int64_t lo = p.batchInEpoch * opt_.batchSize;
-  const int64_t hi = std::min<int64_t>(lo + opt_.batchSize, sampler_.samplesPerRank());
-  return sampler_.indices(p.epoch, lo, hi);
+  const int64_t hi = std::min<int64_t>(lo + opt_.batchSize, sampler_->samplesPerRank());
+  return sampler_->indices(p.epoch, lo, hi);
 }
 
 Batch Loader::build(int64_t seq, ChunkCache* cache) {

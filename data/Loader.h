@@ -52,6 +52,11 @@ class Loader {
  public:
   Loader(const BatchSource& source, LoaderOptions options, int rank, int worldSize,
          Allocator& host = cpuAllocator());
+  // A fixed list of index batches handed out cyclically (batch seq is schedule[seq % size]), built
+  // ahead by the workers like training's: the passes over a test set, the same every time.
+  // options.batchSize, shuffle, dropLast and seed are not used; an epoch is the whole list.
+  Loader(const BatchSource& source, std::vector<std::vector<int64_t>> schedule, LoaderOptions options,
+         Allocator& host = cpuAllocator());
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -80,7 +85,8 @@ class Loader {
 
   const BatchSource& source_;
   LoaderOptions opt_;
-  DistributedSampler sampler_;
+  std::unique_ptr<DistributedSampler> sampler_;      // training: the epoch's order
+  std::vector<std::vector<int64_t>> schedule_;       // or a fixed, cyclic list of batches
   Allocator& host_;
   int64_t batchesPerEpoch_ = 0;
 

@@ -76,4 +76,13 @@ Batch TokenSource::collate(const std::vector<int64_t>& indices, ChunkCache* cach
   return b;
 }
 
+ResidentData TokenDataset::resident() const {
+  if (!inMemory())
+    throw ConfigError("data.feed = device needs data.mode = memory (the split is loaded once, then copied)");
+  ResidentData r;
+  r.tokens = Tensor::fromBlob(const_cast<int32_t*>(mem_.data()), {static_cast<int64_t>(mem_.size())}, DType::kI32);
+  r.window = T_;
+  return r;
+}
+
 }  // namespace mt

@@ -11,11 +11,12 @@
 
 #include "data/H5File.h"
 #include "data/Loader.h"
+#include "data/ResidentSplit.h"
 #include "data/RowReader.h"
 
 namespace mt {
 
-class TokenDataset {
+class TokenDataset final : public ResidentSplit {
  public:
   TokenDataset(const H5File& file, const std::string& split, int64_t seqLen, int64_t minSamples);
   int64_t size() const { return samples_; }          // windows
@@ -27,6 +28,8 @@ class TokenDataset {
   void loadIntoMemory();
   bool inMemory() const { return !mem_.empty(); }
   const std::vector<int32_t>& memoryTokens() const { return mem_; }  // after loadIntoMemory
+  // The token stream i32 in memory, windows of seqLen() (after loadIntoMemory).
+  ResidentData resident() const override;
 
  private:
   std::string file_, split_;

@@ -18,19 +18,21 @@ void dumpCollectives(Communicator& comm) {
   for (const auto& r : ops) MT_LOG_ERROR << "  " << r.str();
 }
 
-void onPeerLost(Communicator& world, int lostRank, const std::string& why) {
+void onPeerLost(Communicator& world, int lostRank, const std::string& why, int peerExitCode) {
   MT_LOG_ERROR << "rank " << lostRank << " lost: " << why << "; ending this rank";
   dumpCollectives(world);
   std::fflush(stdout);
   std::fflush(stderr);
-  // The peer is gone, so no collective (not even MPI_Abort's) can be trusted to complete.
-  std::_Exit(static_cast<int>(ExitCode::kCommFailure));
+  // The peer is gone, so no collective (not even MPI_Abort's) can be trusted to complete. A peer
+  // that ended the job itself named its exit code (2 for bad input): every rank exits with it,
+  // whichever reaches the launcher first.
+  std::_Exit(peerExitCode > 0 ? peerExitCode : static_cast<int>(ExitCode::kCommFailure));
 }
 
 void abortJob(const std::string& message, ExitCode code, Communicator* world, HealthMonitor* health) {
   MT_LOG_ERROR << "error: " << message;
   if (world) dumpCollectives(*world);
-  if (health) health->announceAbort();
+  if (health) health->announceAbort(static_cast<int>(code));
   std::fflush(stdout);
   std::fflush(stderr);
   int initialized = 0, finalized = 0;

@@ -17,8 +17,9 @@ namespace mt {
 
 // Logs the last collectives of `comm` (seq, op, bytes, state) at error level.
 void dumpCollectives(Communicator& comm);
-// Called from the health monitor thread: never returns.
-[[noreturn]] void onPeerLost(Communicator& world, int lostRank, const std::string& why);
+// Called from the health monitor thread: never returns. peerExitCode: the code the lost rank ended
+// the job with when it announced an abort (this rank exits with it too), else 0 (exit 3).
+[[noreturn]] void onPeerLost(Communicator& world, int lostRank, const std::string& why, int peerExitCode);
 // Logs and ends the job from a training-time error; never returns.
 [[noreturn]] void abortJob(const std::string& message, ExitCode code, Communicator* world, HealthMonitor* health);
 

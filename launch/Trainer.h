@@ -1,44 +1,33 @@
 #pragma once
-// The training program: builds the communicator, data, model, parallelism and optimizer from the
-// configuration, then runs the loop (docs/architecture.md follows one step through it).
-// Construction does all validation, so a bad config or data file fails before any training and
-// the same way on every rank.
+// The training program: builds the device, communicator, task (data), model, parallelism and
+// optimizer from the configuration, then runs the loop (docs/architecture.md follows one step
+// through it). Construction does all validation, so a bad config or data file fails before any
+// training and the same way on every rank.
 
 #include <memory>
 #include <string>
-
-#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "comm/Communicator.h"
-#include "comm/DataParallel.h"
 #include "comm/HealthMonitor.h"
 #include "comm/MpiEnvironment.h"
-#include "data/ImageDataset.h"
 #include "data/DeviceFeed.h"
-#include "data/ImageSource.h"
 #include "data/Loader.h"
-#include "data/TokenDataset.h"
 #include "launch/Checkpoint.h"
 #include "launch/Config.h"
-#include "launch/Signals.h"
-#include "launch/Settings.h"
-#include "comm/Hierarchy.h"
-#include "topo/Profile.h"
-#include "topo/Topology.h"
-#include "launch/Metrics.h"
+#include "launch/Evaluator.h"
+#include "launch/Parallelism.h"
 #include "launch/RankDiscovery.h"
+#include "launch/RunReporter.h"
+#include "launch/Settings.h"
+#include "launch/Signals.h"
+#include "launch/Task.h"
+#include "launch/TopologySetup.h"
 #include "models/Model.h"
 #include "models/optim/LossScaler.h"
 #include "models/optim/LrSchedule.h"
-#include "models/optim/Optimizer.h"
 
 namespace mt {
-
-struct EvalResult {
-  double loss = 0.0;
-  double accuracy = 0.0;
-  int64_t count = 0;
-};
 
 class Trainer {
  public:
@@ -51,23 +40,21 @@ class Trainer {
   const std::string& runDir() const { return runDir_; }
 
  private:
-  void setupTopology();
   void setupDevice();
-  void bindToGpuCpus();
   void setupComm();
   void setupData();
   void setupModel();
-  void setupOptimizer();
   void resumeIfAny();
+  void writeRunFiles();
   void saveCheckpoint(int64_t stepsDone);
-  // One optimizer step on one global batch; returns this rank's loss statistics.
-  // One optimizer step over train.grad_accum_steps micro-batches (their gradients accumulate).
+  // One optimizer step over train.grad_accum_steps micro-batches (their gradients accumulate);
+  // returns this rank's loss statistics.
   LossStats trainStep(const std::vector<Batch>& micro, int64_t step);
   EvalResult evaluate();
-  void logStep(int64_t step, const LossStats& local, double intervalSeconds, int64_t intervalSteps,
-               double waitSeconds);
-  void writeTrace(int64_t step, int64_t backwardStartUs);
-  Batch toDevice(const Batch& b) const;
+  void reportInterval(int64_t step, const LossStats& local, double seconds, int64_t steps, double waitSeconds);
+  void reportMemory(int64_t step);
+  int64_t stepsPerEpoch() const;
+  double lastGpuComputeSeconds();
 
   Config cfg_;
   Settings s_;
@@ -77,45 +64,33 @@ class Trainer {
   Device device_ = Device::cpu();
   int64_t localBatch_ = 0;  // this rank's rows per optimizer step
   int64_t microBatch_ = 0;  // rows per forward/backward pass: localBatch_ / train.grad_accum_steps
-  int64_t stepsPerEpoch() const;
   int64_t totalSteps_ = 0;
 
 #ifdef MT_WITH_CUDA
   std::unique_ptr<class CudaRuntime> cuda_;
 #endif
+  Allocator* host_ = nullptr;  // where loader workers collate (pinned or managed memory for a GPU)
   std::unique_ptr<LossScaler> scaler_;
+  TopologySetup topo_;
   std::unique_ptr<Communicator> world_;
   std::unique_ptr<HealthMonitor> health_;
-  std::unique_ptr<Topology> topology_;
-  std::unique_ptr<Profile> profile_;
-  std::vector<std::string> ncclEnv_;
-  std::unique_ptr<NodeGroups> groups_;
-  std::unique_ptr<H5File> file_;
-  std::unique_ptr<ImageDataset> train_, test_;
-  std::unique_ptr<TokenDataset> trainTokens_, testTokens_;
-  std::unique_ptr<BatchSource> trainSource_;
-  bool tokens() const { return s_.model.type == "gpt"; }
+  std::unique_ptr<Task> task_;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<DeviceFeed> feed_;  // cuda: how batches reach the GPU
   std::unique_ptr<Model> model_;
-  std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<Optimizer> optimizer_;  // no_shard; sharded runs use the engine's
-  std::unique_ptr<ShardedEngine> engine_;
-  Optimizer& optimizer() { return engine_ ? engine_->optimizer() : *optimizer_; }
-  void logMemory(int64_t step);
+  std::unique_ptr<Parallelism> parallelism_;
+  std::unique_ptr<Evaluator> evaluator_;  // made at the first evaluation
+  std::unique_ptr<RunReporter> reporter_;
   LrSchedule schedule_;
-  MetricsWriter metrics_;
   std::unique_ptr<CheckpointManager> ckpt_;
   std::unique_ptr<StopAgreement> stop_;
   int64_t startStep_ = 0;
   int64_t activationPeak_ = 0;
   bool resumed_ = false;
-  std::unique_ptr<std::ofstream> trace_;
   // Per-rank compute time (forward + backward, not waiting for gradients): the straggler report.
   double intervalCompute_ = 0.0;
   struct GpuTimers;
   std::unique_ptr<GpuTimers> gpuTimers_;
-  double lastGpuComputeSeconds();
 };
 
 }  // namespace mt

@@ -1,6 +1,6 @@
 // trainer: the meshtrain training program.
 //   trainer [--config FILE.ini] [--section.key=value ...]   train (defaults: Fashion-MNIST MLP)
-//   trainer --help | --help-env | --devices
+//   trainer --help | --help-env | --devices | --config-reference (the README's key table)
 //   trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]   topology summary
 //   trainer predict --topo X.xml [--profile P] ...                       scaling prediction
 //   trainer export --checkpoint DIR --out FILE.h5                       consolidated parameters
@@ -213,6 +213,10 @@ int main(int argc, char** argv) {
   for (const auto& a : args) {
     if (a == "--help-env") {
       printEnvHelp();
+      return 0;
+    }
+    if (a == "--config-reference") {  // the README's table, generated from the schema
+      std::cout << mt::configReferenceMarkdown();
       return 0;
     }
     if (a == "--devices") {  // for scripts: how many GPUs this build can use here

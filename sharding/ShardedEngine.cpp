@@ -3,39 +3,27 @@
 #include <algorithm>
 
 #include "comm/CompressionOps.h"
+#include "core/Convert.h"
 #include "core/Log.h"
 #include "models/optim/GradClip.h"
 
 #ifdef MT_WITH_CUDA
 #include "core/cuda/CudaRuntime.h"
-#include "models/kernels/CudaLayers.h"
 #endif
 
 namespace mt {
 
-bool parseShardStrategy(const std::string& s, ShardStrategy* out) {
-  if (s == "no_shard") *out = ShardStrategy::kNoShard;
-  else if (s == "full_shard") *out = ShardStrategy::kFullShard;
-  else if (s == "shard_grad_op") *out = ShardStrategy::kShardGradOp;
-  else if (s == "hybrid_shard") *out = ShardStrategy::kHybridShard;
-  else return false;
-  return true;
-}
-
-const char* shardStrategyName(ShardStrategy s) {
-  switch (s) {
-    case ShardStrategy::kNoShard: return "no_shard";
-    case ShardStrategy::kFullShard: return "full_shard";
-    case ShardStrategy::kShardGradOp: return "shard_grad_op";
-    case ShardStrategy::kHybridShard: return "hybrid_shard";
-  }
-  return "?";
+const EnumTable<ShardStrategy>& shardStrategies() {
+  static const EnumTable<ShardStrategy> kTable = {
+      {ShardStrategy::kNoShard, "no_shard", "data parallel"},
+      {ShardStrategy::kFullShard, "full_shard"},
+      {ShardStrategy::kShardGradOp, "shard_grad_op"},
+      {ShardStrategy::kHybridShard, "hybrid_shard"},
+  };
+  return kTable;
 }
 
 namespace {
-
-// dst <- src with conversion (f32 <-> bf16/f16), same numel, same device.
-void convertInto(Tensor& dst, const Tensor& src);
 
 // shard += more (a later micro-step's reduced gradient), in f32 whatever the reduce dtype.
 void accumulateShard(Tensor& shard, const Tensor& more) {
@@ -49,32 +37,6 @@ void accumulateShard(Tensor& shard, const Tensor& more) {
   convertInto(b, more);
   addInto(a, b);
   convertInto(shard, a);
-}
-
-void convertInto(Tensor& dst, const Tensor& src) {
-  if (dst.dtype() == src.dtype()) {
-    dst.copyFrom(src);
-    return;
-  }
-#ifdef MT_WITH_CUDA
-  if (dst.device().isCuda()) {
-    cuda::castTensor(dst, src);
-    return;
-  }
-#endif
-  MT_CHECK(src.device().isCpu() && dst.device().isCpu(), "conversion across devices");
-  const int64_t n = src.numel();
-  if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
-    const float* s = src.data<float>();
-    BFloat16* d = dst.data<BFloat16>();
-    for (int64_t i = 0; i < n; ++i) d[i] = BFloat16(s[i]);
-  } else if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32) {
-    const BFloat16* s = src.data<BFloat16>();
-    float* d = dst.data<float>();
-    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
-  } else {
-    MT_CHECK(false, "conversion ", dtypeName(src.dtype()), " -> ", dtypeName(dst.dtype()));
-  }
 }
 
 Allocator& hostAllocatorFor(Device device) {

@@ -27,14 +27,18 @@
 #include <vector>
 
 #include "comm/Communicator.h"
+#include "core/EnumTable.h"
 #include "models/Model.h"
 #include "models/optim/Optimizer.h"
 
 namespace mt {
 
 enum class ShardStrategy { kNoShard, kFullShard, kShardGradOp, kHybridShard };
-bool parseShardStrategy(const std::string& s, ShardStrategy* out);
-const char* shardStrategyName(ShardStrategy s);
+const EnumTable<ShardStrategy>& shardStrategies();
+inline bool parseShardStrategy(const std::string& s, ShardStrategy* out) {
+  return parseEnum(shardStrategies(), s, out);
+}
+inline const char* shardStrategyName(ShardStrategy s) { return enumName(shardStrategies(), s); }
 
 struct ShardingOptions {
   ShardStrategy strategy = ShardStrategy::kFullShard;

@@ -12,25 +12,20 @@
 
 namespace mt {
 
-const char* fabricName(Fabric f) {
-  switch (f) {
-    case Fabric::kInfiniBand: return "ib";
-    case Fabric::kRoCE: return "roce";
-    case Fabric::kEFA: return "efa";
-    case Fabric::kSocket: return "socket";
-    case Fabric::kUnknown: return "unknown";
-  }
-  return "?";
+const EnumTable<Fabric>& fabrics() {
+  static const EnumTable<Fabric> kTable = {
+      {Fabric::kInfiniBand, "ib", "InfiniBand"},
+      {Fabric::kRoCE, "roce", "RDMA over Converged Ethernet"},
+      {Fabric::kEFA, "efa", "AWS Elastic Fabric Adapter"},
+      {Fabric::kSocket, "socket", "TCP sockets"},
+      {Fabric::kUnknown, "unknown", "", /*selectable=*/false},
+  };
+  return kTable;
 }
 
-bool parseFabric(const std::string& s, Fabric* out) {
-  for (Fabric f : {Fabric::kInfiniBand, Fabric::kRoCE, Fabric::kEFA, Fabric::kSocket})
-    if (s == fabricName(f)) {
-      *out = f;
-      return true;
-    }
-  return false;
-}
+const char* fabricName(Fabric f) { return enumName(fabrics(), f); }
+
+bool parseFabric(const std::string& s, Fabric* out) { return parseEnum(fabrics(), s, out); }
 
 const char* pathTypeName(PathType p) {
   switch (p) {

@@ -9,11 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "core/EnumTable.h"
 #include "topo/TopoXml.h"
 
 namespace mt {
 
 enum class Fabric { kInfiniBand, kRoCE, kEFA, kSocket, kUnknown };
+const EnumTable<Fabric>& fabrics();
 const char* fabricName(Fabric f);
 bool parseFabric(const std::string& s, Fabric* out);
 

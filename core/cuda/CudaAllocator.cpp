@@ -198,24 +198,46 @@ void EventGatedCache::give(void* ptr, size_t size) noexcept {
   }
 }
 
-PinnedHostAllocator::~PinnedHostAllocator() {
+void* PinnedBacking::allocate(size_t size, size_t requested, const AllocatorStats& stats) const {
+  void* ptr = nullptr;
+  cudaError_t e = cudaHostAlloc(&ptr, size, cudaHostAllocDefault);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw OutOfMemoryError(oomMessage("pinned host memory", requested, stats, 0));
+  }
+  CUDA_CHECK(e);
+  return ptr;
+}
+void PinnedBacking::release(void* ptr) noexcept { cudaFreeHost(ptr); }
+
+void* ManagedBacking::allocate(size_t size, size_t, const AllocatorStats&) const {
+  size_t freeB = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&freeB, &total));
+  if (size > freeB)
+    throw OutOfMemoryError("managed memory: refusing " + formatBytes(static_cast<int64_t>(size)) + ", more than the " +
+                           formatBytes(static_cast<int64_t>(freeB)) +
+                           " the GPU has free (over-subscription can hang it)");
+  void* ptr = nullptr;
+  CUDA_CHECK(cudaMallocManaged(&ptr, size, cudaMemAttachGlobal));
+  return ptr;
+}
+void ManagedBacking::release(void* ptr) noexcept { cudaFree(ptr); }
+
+template <typename Backing>
+CachingHostAllocator<Backing>::~CachingHostAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
-  cache_.releaseAll([](void* p) { cudaFreeHost(p); });
-  for (auto& kv : live_) cudaFreeHost(kv.first);
+  cache_.releaseAll([](void* p) { Backing::release(p); });
+  for (auto& kv : live_) Backing::release(kv.first);
 }
 
-void* PinnedHostAllocator::allocate(size_t bytes) {
+template <typename Backing>
+void* CachingHostAllocator<Backing>::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t size = roundAllocationSize(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
   void* ptr = cache_.take(size);
   if (!ptr) {
-    cudaError_t e = cudaHostAlloc(&ptr, size, cudaHostAllocDefault);
-    if (e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      throw OutOfMemoryError(oomMessage("pinned host memory", bytes, stats_, 0));
-    }
-    CUDA_CHECK(e);
+    ptr = backing_.allocate(size, bytes, stats_);
     stats_.reservedBytes += static_cast<int64_t>(size);
   }
   live_[ptr] = size;
@@ -225,7 +247,8 @@ void* PinnedHostAllocator::allocate(size_t bytes) {
   return ptr;
 }
 
-void PinnedHostAllocator::deallocate(void* ptr, size_t) noexcept {
+template <typename Backing>
+void CachingHostAllocator<Backing>::deallocate(void* ptr, size_t) noexcept {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.find(ptr);
@@ -235,62 +258,19 @@ void PinnedHostAllocator::deallocate(void* ptr, size_t) noexcept {
   live_.erase(it);
 }
 
-AllocatorStats PinnedHostAllocator::stats() const {
+template <typename Backing>
+AllocatorStats CachingHostAllocator<Backing>::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
 }
 
-void PinnedHostAllocator::resetPeak() {
+template <typename Backing>
+void CachingHostAllocator<Backing>::resetPeak() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peakAllocatedBytes = stats_.allocatedBytes;
 }
 
-ManagedAllocator::~ManagedAllocator() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  cache_.releaseAll([](void* p) { cudaFree(p); });
-  for (auto& kv : live_) cudaFree(kv.first);
-}
-
-void* ManagedAllocator::allocate(size_t bytes) {
-  if (bytes == 0) return nullptr;
-  const size_t size = roundAllocationSize(bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  void* ptr = cache_.take(size);
-  if (!ptr) {
-    size_t freeB = 0, total = 0;
-    CUDA_CHECK(cudaMemGetInfo(&freeB, &total));
-    if (size > freeB)
-      throw OutOfMemoryError("managed memory: refusing " + formatBytes(static_cast<int64_t>(size)) +
-                             ", more than the " + formatBytes(static_cast<int64_t>(freeB)) +
-                             " the GPU has free (over-subscription can hang it)");
-    CUDA_CHECK(cudaMallocManaged(&ptr, size, cudaMemAttachGlobal));
-    stats_.reservedBytes += static_cast<int64_t>(size);
-  }
-  live_[ptr] = size;
-  stats_.allocatedBytes += static_cast<int64_t>(size);
-  stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
-  stats_.numAllocs++;
-  return ptr;
-}
-
-void ManagedAllocator::deallocate(void* ptr, size_t) noexcept {
-  if (!ptr) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(ptr);
-  if (it == live_.end()) return;
-  stats_.allocatedBytes -= static_cast<int64_t>(it->second);
-  cache_.give(ptr, it->second);
-  live_.erase(it);
-}
-
-AllocatorStats ManagedAllocator::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
-}
-
-void ManagedAllocator::resetPeak() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  stats_.peakAllocatedBytes = stats_.allocatedBytes;
-}
+template class CachingHostAllocator<PinnedBacking>;
+template class CachingHostAllocator<ManagedBacking>;
 
 }  // namespace mt

@@ -106,41 +106,50 @@ class EventGatedCache {
   std::multimap<size_t, void*> free_;
 };
 
-class PinnedHostAllocator final : public Allocator {
+// Host-side memory the GPU reads (page-locked or managed), cached in an EventGatedCache: one
+// template for both kinds, the CUDA calls supplied by Backing:
+//   static constexpr const char* kName;  Device device() const;
+//   void* allocate(size_t size, size_t requested, const AllocatorStats&) const;  // throws OutOfMemoryError
+//   static void release(void* ptr) noexcept;
+template <typename Backing>
+class CachingHostAllocator final : public Allocator {
  public:
-  PinnedHostAllocator() = default;
-  ~PinnedHostAllocator() override;
+  explicit CachingHostAllocator(Backing backing = Backing()) : backing_(backing) {}
+  ~CachingHostAllocator() override;
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
-  Device device() const override { return Device::cpu(); }  // host memory, CPU-addressable
-  const char* name() const override { return "cuda-pinned"; }
+  Device device() const override { return backing_.device(); }
+  const char* name() const override { return Backing::kName; }
   AllocatorStats stats() const override;
   void resetPeak() override;
 
  private:
+  Backing backing_;
   mutable std::mutex mutex_;
   std::unordered_map<void*, size_t> live_;
   EventGatedCache cache_;
   AllocatorStats stats_;
 };
 
-class ManagedAllocator final : public Allocator {
- public:
-  explicit ManagedAllocator(int device) : device_(device) {}
-  ~ManagedAllocator() override;
-  void* allocate(size_t bytes) override;
-  void deallocate(void* ptr, size_t bytes) noexcept override;
-  Device device() const override { return Device::cuda(device_); }
-  const char* name() const override { return "cuda-managed"; }
-  AllocatorStats stats() const override;
-  void resetPeak() override;
-
- private:
-  int device_;
-  mutable std::mutex mutex_;
-  std::unordered_map<void*, size_t> live_;
-  EventGatedCache cache_;
-  AllocatorStats stats_;
+// cudaHostAlloc: host memory, CPU-addressable, copied from asynchronously.
+struct PinnedBacking {
+  static constexpr const char* kName = "cuda-pinned";
+  Device device() const { return Device::cpu(); }
+  void* allocate(size_t size, size_t requested, const AllocatorStats& stats) const;
+  static void release(void* ptr) noexcept;
 };
+// cudaMallocManaged on `deviceIndex`, refusing more than the GPU has free.
+struct ManagedBacking {
+  static constexpr const char* kName = "cuda-managed";
+  int deviceIndex = 0;
+  Device device() const { return Device::cuda(deviceIndex); }
+  void* allocate(size_t size, size_t requested, const AllocatorStats& stats) const;
+  static void release(void* ptr) noexcept;
+};
+
+using PinnedHostAllocator = CachingHostAllocator<PinnedBacking>;
+using ManagedAllocator = CachingHostAllocator<ManagedBacking>;
+extern template class CachingHostAllocator<PinnedBacking>;
+extern template class CachingHostAllocator<ManagedBacking>;
 
 }  // namespace mt

@@ -20,7 +20,7 @@ CudaRuntime::CudaRuntime(int device)
     : device_(selectDevice(device)),
       deviceAlloc_(std::make_unique<CachingDeviceAllocator>(device)),
       pinned_(std::make_unique<PinnedHostAllocator>()),
-      managed_(std::make_unique<ManagedAllocator>(device)) {
+      managed_(std::make_unique<ManagedAllocator>(ManagedBacking{device})) {
   MT_CHECK(gActive.load() == nullptr, "a CudaRuntime already exists in this process");
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
@@ -35,6 +35,7 @@ CudaRuntime::CudaRuntime(int device)
 
 CudaRuntime::~CudaRuntime() {
   cudaStreamSynchronize(compute_.get());
+  components_.clear();  // plans made with the handles below
   workspace_ = Tensor();
   gActive = nullptr;
   setDefaultComputeStream(nullptr);

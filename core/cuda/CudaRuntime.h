@@ -1,7 +1,7 @@
 #pragma once
 // Everything one process needs to compute on one GPU, owned in one place: the caching device
 // allocator, pinned and managed host allocators, the compute stream, the cuBLASLt and cuDNN
-// handles and their workspace. Constructing it selects the device, registers its allocator for
+// handles and their workspace, and the library plan caches of the code above (components()). Constructing it selects the device, registers its allocator for
 // Tensor::empty(..., Device::cuda(i)) and makes its compute stream the default current stream;
 // destroying it undoes that. One per process, created by launch/ (or a test), passed or found
 // through active() — a non-owning pointer, not a singleton that owns GPU state.
@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "core/ComponentSet.h"
 #include "core/Tensor.h"
 #include "core/cuda/CudaAllocator.h"
 #include "core/cuda/CudaStream.h"
@@ -44,6 +45,10 @@ class CudaRuntime {
   void* workspace(size_t bytes);
   size_t workspaceBytes() const { return workspaceBytes_; }
 
+  // Per-runtime state of higher layers (models/kernels' GEMM and convolution plans), destroyed
+  // first when the runtime goes, while its handles still exist.
+  ComponentSet& components() { return components_; }
+
   // Precision of GEMM/convolution inputs: f32 (exact FP32), bf16 or f16 (f32 accumulate).
   void setMatmulPrecision(MatmulPrecision p) { precision_ = p; }
   MatmulPrecision matmulPrecision() const { return precision_; }
@@ -62,6 +67,7 @@ class CudaRuntime {
   Tensor workspace_;
   size_t workspaceBytes_ = 0;
   MatmulPrecision precision_ = MatmulPrecision::kF32;
+  ComponentSet components_;
 };
 
 }  // namespace mt

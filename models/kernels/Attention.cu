@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 
+#include "core/Convert.h"
 #include "core/cuda/CudaRuntime.h"
 #include "models/kernels/CudaGemm.h"
 #include "models/kernels/CudaLayers.h"
@@ -105,8 +106,8 @@ void batchedGemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alph
     const DType low = prec == MatmulPrecision::kBF16 ? DType::kBF16 : DType::kF16;
     a = Tensor::empty(A.shape(), low, A.device());
     b = Tensor::empty(Bm.shape(), low, Bm.device());
-    castTensor(a, A);
-    castTensor(b, Bm);
+    convertInto(a, A);
+    convertInto(b, Bm);
     type = low == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
   }
   GemmCall g;
@@ -208,18 +209,18 @@ void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSave
     Tensor q32 = qkv, y32 = y;
     if (qkv.dtype() != DType::kF32) {
       q32 = Tensor::empty(qkv.shape(), DType::kF32, qkv.device());
-      castTensor(q32, qkv);
+      convertInto(q32, qkv);
     }
     if (y.dtype() != DType::kF32) y32 = Tensor::empty(y.shape(), DType::kF32, y.device());
     referenceForward(y32, q32, heads, saved);
-    if (!y32.sharesStorageWith(y)) castTensor(y, y32);
+    if (!y32.sharesStorageWith(y)) convertInto(y, y32);
     return;
   }
   const FlashProblem p = problemOf(qkv, heads);
   Tensor qkvLow = qkv;  // read in place when the qkv GEMM already wrote the matmul dtype
   if (qkv.dtype() != low) {
     qkvLow = Tensor::empty(qkv.shape(), low, qkv.device());
-    castTensor(qkvLow, qkv);
+    convertInto(qkvLow, qkv);
   }
   Tensor lse = Tensor::empty({flashLseElements(p)}, DType::kF32, qkv.device());
   flashAttentionForward(p, qkvView(qkvLow, 0, p.H, d), qkvView(qkvLow, 1, p.H, d), qkvView(qkvLow, 2, p.H, d),
@@ -238,10 +239,10 @@ void attentionBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& sav
     if (dqkv.dtype() != DType::kF32) d32 = Tensor::empty(dqkv.shape(), DType::kF32, dqkv.device());
     if (dy.dtype() != DType::kF32) {
       dy32 = Tensor::empty(dy.shape(), DType::kF32, dy.device());
-      castTensor(dy32, dy);
+      convertInto(dy32, dy);
     }
     referenceBackward(d32, dy32, saved.qkv, saved.probs, heads);
-    if (!d32.sharesStorageWith(dqkv)) castTensor(dqkv, d32);
+    if (!d32.sharesStorageWith(dqkv)) convertInto(dqkv, d32);
     return;
   }
   const Tensor& qkvLow = saved.qkvLow;

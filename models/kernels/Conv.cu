@@ -48,8 +48,26 @@ struct ConvPlan {
   size_t fwdWs = 0, bwdDataWs = 0, bwdFilterWs = 0;
 };
 
-std::mutex gMutex;
-std::map<ConvKey, ConvPlan> gPlans;
+// The plans of one CudaRuntime (its cuDNN handle chose their algorithms), kept in its components
+// and destroyed with it.
+struct ConvPlans {
+  std::mutex mutex;
+  std::map<ConvKey, ConvPlan> plans;
+  ConvPlans() = default;
+  ConvPlans(const ConvPlans&) = delete;
+  ConvPlans& operator=(const ConvPlans&) = delete;
+  ~ConvPlans() {
+    for (auto& kv : plans) {
+      ConvPlan& p = kv.second;
+      if (p.x) cudnnDestroyTensorDescriptor(p.x);
+      if (p.y) cudnnDestroyTensorDescriptor(p.y);
+      if (p.bias) cudnnDestroyTensorDescriptor(p.bias);
+      if (p.w) cudnnDestroyFilterDescriptor(p.w);
+      if (p.conv) cudnnDestroyConvolutionDescriptor(p.conv);
+      if (p.relu) cudnnDestroyActivationDescriptor(p.relu);
+    }
+  }
+};
 
 // The first usable entry: results come fastest first (Find) or in heuristic order. Measured
 // choices are held to deterministic algorithms so that two runs of one configuration give the
@@ -66,9 +84,10 @@ const Perf* pickAlgo(const Perf* perfs, int n, bool measured) {
 ConvPlan& planFor(const Conv2dGeometry& g, CudaRuntime& rt) {
   const int prec = static_cast<int>(rt.matmulPrecision());
   ConvKey key{g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.stride, g.pad, static_cast<int>(g.layout), prec};
-  std::lock_guard<std::mutex> lock(gMutex);
-  auto it = gPlans.find(key);
-  if (it != gPlans.end()) return it->second;
+  ConvPlans& cache = rt.components().get<ConvPlans>();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto it = cache.plans.find(key);
+  if (it != cache.plans.end()) return it->second;
   ConvPlan p;
   const cudnnTensorFormat_t fmt = g.layout == Layout::kNCHW ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.x));
@@ -119,7 +138,7 @@ ConvPlan& planFor(const Conv2dGeometry& g, CudaRuntime& rt) {
   CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &p.fwdWs));
   CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.bwdData, &p.bwdDataWs));
   CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, p.bwdFilter, &p.bwdFilterWs));
-  return gPlans.emplace(key, p).first->second;
+  return cache.plans.emplace(key, p).first->second;
 }
 
 // db[c] += sum over rows r of dy[r, c] (NHWC: rows are the N*OH*OW positions), deterministic:

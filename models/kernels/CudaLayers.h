@@ -46,7 +46,5 @@ void embeddingForward(Tensor& y, const Tensor& idx, const Tensor& w);
 void embeddingBackward(Tensor& dw, const Tensor& dy, const Tensor& idx);
 void imageInputForward(Tensor& y, const Tensor& x, float mean, float stddev, ImageOutput out);
 
-// Element-wise conversion between floating dtypes (f32 <-> bf16/f16), same numel, both on device.
-void castTensor(Tensor& dst, const Tensor& src);
 
 }  // namespace mt::cuda

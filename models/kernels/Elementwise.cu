@@ -8,7 +8,7 @@
 #include "core/Random.h"
 #include "core/cuda/CudaRuntime.h"
 
-#include "models/kernels/Convert.cuh"
+#include "core/cuda/ElementConvert.cuh"
 #include "models/kernels/CudaLayers.h"
 #include "core/cuda/KernelUtil.cuh"
 

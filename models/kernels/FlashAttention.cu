@@ -503,8 +503,6 @@ const Variant<FwdLaunch> kFwd[] = {
 const Variant<BwdLaunch> kBwd[] = {
     {64, DType::kBF16, "bwd wgmma q128", launchBackwardSm90Q128<1, __nv_bfloat16>, true},
     {64, DType::kBF16, "bwd wgmma q128 bh-major", launchBackwardSm90Q128<0, __nv_bfloat16>, true},
-    {64, DType::kBF16, "bwd wgmma x2", launchBackwardSm90<2, 1, __nv_bfloat16>, true},
-    {64, DType::kBF16, "bwd wgmma x1", launchBackwardSm90<1, 2, __nv_bfloat16>, true},
     {64, DType::kF16, "bwd wgmma q128", launchBackwardSm90Q128<1, __half>, true},
     {64, DType::kBF16, "bwd w8 brq64", launchBackward<64, 8, 64, true, 1, __nv_bfloat16>},
     {64, DType::kBF16, "bwd w4 brq64", launchBackward<64, 4, 64, true, 1, __nv_bfloat16>},

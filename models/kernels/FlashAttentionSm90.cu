@@ -13,9 +13,8 @@
 // dP^T as m64n128 products, P^T packed in registers while dP^T runs, dV += P^T dO from registers,
 // dS^T = P^T (dP^T - delta), dK += dS^T q, dS^T to shared memory, and after a barrier of both groups
 // dQ for query half w over all 128 keys, added with float4 atomics. Tiles below the diagonal skip
-// the per-element mask.
-// Backward, earlier shape (flashBackwardSm90Kernel, lab variants): NWG x 64 keys against 64-query
-// tiles, dQ per warpgroup over its own 64 keys. dk, dv overwritten, dq accumulated in both.
+// the per-element mask. dk, dv overwritten, dq accumulated. (Its predecessor, 64-query tiles with
+// dQ per warpgroup over its own 64 keys, is in git history and docs/performance.md, v6.)
 // Grids are tile-major by default (blockTile in FlashCommon.cuh): the blocks of one b*h run side by
 // side and share its rows in L2.
 // Measured against the mma.sync kernels and SDPA: docs/performance.md (attention table, v6 and v7).
@@ -138,18 +137,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
 #endif
 }
 
-template <int NWG>
-constexpr size_t bwdSm90SmemBytes() {
-  // k, v (NWG x 64 rows each), q and dO double-buffered, dS^T, lse and delta double-buffered.
-  return static_cast<size_t>(2 * NWG + 4 + NWG) * kTileBytes64 + 4 * 64 * sizeof(float) + 1024;
-}
-
 #if MT_WGMMA  // sm_90a device code only
-// Barrier of the 128 threads of warpgroup `grp` (ids 1.., 0 is __syncthreads).
-__device__ __forceinline__ void groupBarrier(int grp) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(grp + 1) : "memory");
-}
-
 // dQ rows rowBase + g and + 8, columns 8 n + 2 t (an mma-layout accumulator) += acc *
 // scale: pairs of lanes swap halves so each lane adds 4 consecutive floats of one row (float4).
 // Every lane of the warp calls it (shuffles); rows at or past T add nothing. The mma.sync backward
@@ -170,163 +158,6 @@ __device__ __forceinline__ void addDqRows(const BwdArgs& a, int b, int h, int ro
   }
 }
 #endif
-
-// Per query tile, each warpgroup runs its products as a pipeline of commit groups: S^T | dP^T, then
-// (exp while dP^T runs) dV += P^T dO, then dS^T and dK += dS^T q, then dQ_i = dS k over the group's
-// own 64 keys (no other warpgroup's dS^T needed, so only a barrier of its own 128 threads).
-template <int NWG, int MINB, typename T>
-__global__ void __launch_bounds__(NWG * 128, MINB) flashBackwardSm90Kernel(const BwdArgs a) {
-#if MT_WGMMA
-  constexpr int kThreads = NWG * 128, BC = NWG * 64, BRQ = 64, NT = BRQ / 8, DT = kD / 8;
-  using W = wg::Wgmma<64, T>;
-  extern __shared__ __align__(16) unsigned char smemRaw[];
-  T* sK = reinterpret_cast<T*>(alignedSmem(smemRaw));
-  T* sV = sK + BC * kD;
-  T* sQ = sV + BC * kD;       // [2][64][64]
-  T* sG = sQ + 2 * BRQ * kD;  // dO, [2][64][64]
-  T* sS = sG + 2 * BRQ * kD;  // dS^T, [BC][64 queries]
-  float* sL = reinterpret_cast<float*>(sS + BC * kD);  // lse, [2][64]
-  float* sD = sL + 2 * BRQ;                            // delta, [2][64]
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-  const int grp = warp / 4, wl = warp % 4;
-  int tile, bh;
-  blockTile(a.tileMajor, (a.T + BC - 1) / BC, tile, bh);
-  const int b = bh / a.H, h = bh % a.H;
-  const int kBase = tile * BC;
-  const int kw = kBase + grp * 64;                     // the warpgroup's first key
-  const int key0 = kw + wl * 16 + g, key1 = key0 + 8;  // this thread's accumulator rows
-  const T* Q = static_cast<const T*>(a.q) + b * a.qsb + h * a.qsh;
-  const T* K = static_cast<const T*>(a.k) + b * a.ksb + h * a.ksh;
-  const T* V = static_cast<const T*>(a.v) + b * a.vsb + h * a.vsh;
-  const T* G = static_cast<const T*>(a.dO) + b * a.gsb + h * a.gsh;
-  const float* L = a.lse + static_cast<int64_t>(bh) * a.Tp;
-  const float* Dl = a.delta + static_cast<int64_t>(bh) * a.Tp;
-  const float sl2 = a.scale * kLog2e;
-  const int iStart = kBase / BRQ, nQ = (a.T + BRQ - 1) / BRQ;
-
-  auto loadQueries = [&](int i, int buf) {
-    loadSwizzled<BRQ, kThreads>(sQ + buf * BRQ * kD, Q, a.qst, i * BRQ, a.T, tid);
-    loadSwizzled<BRQ, kThreads>(sG + buf * BRQ * kD, G, a.gst, i * BRQ, a.T, tid);
-    loadFloats<BRQ, kThreads>(sL + buf * BRQ, L, i * BRQ, a.T, tid);
-    loadFloats<BRQ, kThreads>(sD + buf * BRQ, Dl, i * BRQ, a.T, tid);
-  };
-  loadSwizzled<BC, kThreads>(sK, K, a.kst, kBase, a.T, tid);
-  loadSwizzled<BC, kThreads>(sV, V, a.vst, kBase, a.T, tid);
-  loadQueries(iStart, 0);
-  cpAsyncCommit();
-  cpAsyncWait<0>();
-  wg::fenceProxyAsync();
-  __syncthreads();
-
-  float dk[DT][4], dv[DT][4], s[NT][4], dp[NT][4];
-#pragma unroll
-  for (int i = 0; i < DT; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = s[i][e] = dp[i][e] = 0.f;
-  const T* kg = sK + grp * 64 * kD;
-  const T* vg = sV + grp * 64 * kD;
-  T* sg = sS + grp * 64 * kD;  // the warpgroup's dS^T rows
-
-  for (int i = iStart; i < nQ; ++i) {
-    const int buf = (i - iStart) & 1, qBase = i * BRQ;
-    if (i + 1 < nQ) {
-      loadQueries(i + 1, buf ^ 1);
-      cpAsyncCommit();
-    }
-    const T* q = sQ + buf * BRQ * kD;
-    const T* gq = sG + buf * BRQ * kD;
-    const float* lq = sL + buf * BRQ;
-    const float* dlq = sD + buf * BRQ;
-    if (qBase + BRQ - 1 >= kw) {  // warpgroup-uniform: some query of the tile sees some key
-      wg::fenceOperand(s);
-      wg::fenceOperand(dp);
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) W::template ss<0, 0>(s, wg::kmajor(kg + kk * 16), wg::kmajor(q + kk * 16), kk);
-      wg::commit();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        W::template ss<0, 0>(dp, wg::kmajor(vg + kk * 16), wg::kmajor(gq + kk * 16), kk);
-      wg::commit();
-      // P^T = exp2(sl2 S - lse), zero where key > query or query >= T (selected, so the padding
-      // of lse / delta is never used as a number), while dP^T runs.
-      wg::wait<1>();
-      wg::fenceOperand(s);
-      const bool inside = qBase >= kw + 63 && qBase + BRQ <= a.T;  // no mask needed
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const float2 lv = *reinterpret_cast<const float2*>(lq + nt * 8 + 2 * t4);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qgl = qBase + nt * 8 + 2 * t4 + (e & 1), key = e < 2 ? key0 : key1;
-          const bool on = inside || (key <= qgl && qgl < a.T);
-          s[nt][e] = on ? fastExp2(fmaf(s[nt][e], sl2, -((e & 1) ? lv.y : lv.x))) : 0.f;
-        }
-      }
-      uint32_t pa[BRQ / 16][4], sa[BRQ / 16][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
-        pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
-      }
-      wg::fenceOperand(dv);
-      wg::fence();
-#pragma unroll
-      for (int kq = 0; kq < BRQ / 16; ++kq) W::template rs<1>(dv, pa[kq], wg::mnmajor(gq + kq * 16 * kD), 1);
-      wg::commit();
-      // dS^T = P^T (dP^T - delta) (P^T is 0 where masked), while dV runs.
-      wg::wait<1>();
-      wg::fenceOperand(dp);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const float2 dl = *reinterpret_cast<const float2*>(dlq + nt * 8 + 2 * t4);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)  // selected: delta's padding past T is not a number to use
-          dp[nt][e] = s[nt][e] == 0.f ? 0.f : s[nt][e] * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
-        sa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(dp[nt][0], dp[nt][1]);
-        sa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(dp[nt][2], dp[nt][3]);
-      }
-      wg::fenceOperand(dk);
-      wg::fence();
-#pragma unroll
-      for (int kq = 0; kq < BRQ / 16; ++kq) W::template rs<1>(dk, sa[kq], wg::mnmajor(q + kq * 16 * kD), 1);
-      wg::commit();
-      // dS^T -> the group's rows of shared memory (its previous dQ product was waited for).
-      const int r0 = wl * 16 + g, r1 = r0 + 8;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        *reinterpret_cast<uint32_t*>(sg + wg::swz(r0, nt) + 2 * t4) = sa[nt / 2][(nt & 1) * 2];
-        *reinterpret_cast<uint32_t*>(sg + wg::swz(r1, nt) + 2 * t4) = sa[nt / 2][(nt & 1) * 2 + 1];
-      }
-      wg::fenceProxyAsync();
-      groupBarrier(grp);
-      // dQ_i = dS k over the group's 64 keys (A = dS^T read M-major, B = k MN-major). Not
-      // initialised: the first product overwrites it, and a definition by ordinary instructions
-      // would make ptxas serialise the products in flight (C7515); it takes s's registers.
-      float acc[DT][4];
-      wg::fenceOperand(acc);
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) W::template ss<1, 1>(acc, wg::mnmajor(sg + ks * 16 * kD), wg::mnmajor(kg + ks * 16 * kD), ks);
-      wg::commit();
-      // Waiting here, not behind the next tile's first products: ptxas serialises every wgmma
-      // of the kernel when an accumulator is read across the loop's back edge (C7514).
-      wg::wait<0>();
-      wg::fenceOperand(acc);
-      wg::fenceOperand(dv);
-      wg::fenceOperand(dk);
-      addDqRows(a, b, h, qBase + wl * 16, g, t4, acc);
-    }
-    cpAsyncWait<0>();
-    wg::fenceProxyAsync();
-    __syncthreads();  // next query tile in; this tile's buffers free for the tile after next
-  }
-
-  storeKeyGrads(a, b, h, key0, t4, dk, dv);
-#else
-  __trap();  // launched only where sm90KernelsUsable()
-#endif
-}
 
 constexpr size_t bwdSm90Q128SmemBytes() {
   // k, v (128 rows each), q and dO double-buffered (128 rows each), dS^T as two 128-row tiles, lse
@@ -400,7 +231,7 @@ __device__ __forceinline__ void dsTile(float (&dp)[NT][4], const uint32_t (&pa)[
 // P^T (dP^T - delta) from that same 16-bit P^T (f32 S^T is dead by then: 64 registers fewer),
 // dK += dS^T q, and dS^T to shared memory. After a barrier of both warpgroups, warpgroup w computes
 // dQ for the tile's queries 64 w.. over all 128 keys (K = 128), so each dQ element gets one f32
-// atomic add per 128 keys instead of per 64: half the atomic traffic.
+// atomic add per 128 keys instead of per 64 (v6's kernel): half the atomic traffic.
 template <typename T>
 __global__ void __launch_bounds__(256, 1) flashBackwardSm90Q128Kernel(const BwdArgs a) {
 #if MT_WGMMA
@@ -519,7 +350,8 @@ __global__ void __launch_bounds__(256, 1) flashBackwardSm90Q128Kernel(const BwdA
     wg::fenceProxyAsync();
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' dS^T rows written
     // dQ for queries qBase + 64 grp.. = dS k over the block's 128 keys (A = dS^T read M-major,
-    // B = k MN-major). Not initialised: the first product overwrites it (see the kernel above).
+    // B = k MN-major). Not initialised: the first product overwrites it, and a definition by
+    // ordinary instructions would make ptxas serialise the products in flight (C7515).
     float acc[DT][4];
     const T* sh = sS + grp * BC * 64;
     wg::fenceOperand(acc);
@@ -558,18 +390,6 @@ void launchForwardSm90(const FwdArgs& args, int B, cudaStream_t s) {
   FwdArgs a = args;
   a.tileMajor = ORDER;
   kernel<<<tileGrid(ORDER, B * a.H, (a.T + NWG * 64 - 1) / (NWG * 64)), NWG * 128, smem, s>>>(a);
-  CUDA_CHECK(cudaGetLastError());
-}
-
-template <int NWG, int MINB, typename T>
-void launchBackwardSm90(const BwdArgs& args, int B, cudaStream_t s) {
-  constexpr size_t smem = bwdSm90SmemBytes<NWG>();
-  auto kernel = flashBackwardSm90Kernel<NWG, MINB, T>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  BwdArgs a = args;
-  a.tileMajor = 0;
-  kernel<<<tileGrid(0, B * a.H, (a.T + NWG * 64 - 1) / (NWG * 64)), NWG * 128, smem, s>>>(a);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -614,8 +434,6 @@ MT_FLASH_SM90_DEFAULTS(__half)
 template void launchForwardSm90<64, 2, 2, 0, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
 template void launchForwardSm90<64, 1, 4, 1, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
 template void launchForwardSm90<128, 2, 1, 1, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
-template void launchBackwardSm90<2, 1, __nv_bfloat16>(const BwdArgs&, int, cudaStream_t);
-template void launchBackwardSm90<1, 2, __nv_bfloat16>(const BwdArgs&, int, cudaStream_t);
 template void launchBackwardSm90Q128<0, __nv_bfloat16>(const BwdArgs&, int, cudaStream_t);
 
 }  // namespace mt::cuda::flash

@@ -290,13 +290,10 @@ __device__ __forceinline__ void storeKeyGrads(const BwdArgs& a, int b, int h, in
 }
 
 // wgmma kernels (FlashAttentionSm90.cu), head dim 64: explicitly instantiated there for bf16 and f16.
-// Forward: NWG warpgroups of 64 queries per block, BC keys per tile. Backward: NWG warpgroups of 64
-// keys per block, 64-query tiles.
+// Forward: NWG warpgroups of 64 queries per block, BC keys per tile.
 // ORDER: 1 = tile-major grid (blockTile), 0 = b*h fastest.
 template <int BC, int NWG, int MINB, int ORDER, typename T>
 void launchForwardSm90(const FwdArgs& a, int B, cudaStream_t s);
-template <int NWG, int MINB, typename T>
-void launchBackwardSm90(const BwdArgs& a, int B, cudaStream_t s);
 // Backward with 2 warpgroups of 64 keys against 128-query tiles, dQ over the block's 128 keys.
 template <int ORDER, typename T>
 void launchBackwardSm90Q128(const BwdArgs& a, int B, cudaStream_t s);

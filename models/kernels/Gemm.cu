@@ -27,10 +27,11 @@
 #include <mutex>
 #include <tuple>
 
+#include "core/Convert.h"
 #include "core/EnvParams.h"
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"
-#include "models/kernels/Convert.cuh"
+#include "core/cuda/ElementConvert.cuh"
 #include "models/kernels/CudaGemm.h"
 #include "models/kernels/CudaLayers.h"
 
@@ -62,8 +63,24 @@ struct Plan {
   bool ok = false;  // cuBLASLt found an algorithm (kept when not, so the query is not repeated)
 };
 
-std::mutex gPlanMutex;
-std::map<PlanKey, Plan> gPlans;
+// The plans of one CudaRuntime (its cuBLASLt handle chose their algorithms), kept in its
+// components and destroyed with it.
+struct GemmPlans {
+  std::mutex mutex;
+  std::map<PlanKey, Plan> plans;
+  GemmPlans() = default;
+  GemmPlans(const GemmPlans&) = delete;
+  GemmPlans& operator=(const GemmPlans&) = delete;
+  ~GemmPlans() {
+    for (auto& kv : plans) {
+      Plan& p = kv.second;
+      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+      if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+      if (p.op) cublasLtMatmulDescDestroy(p.op);
+    }
+  }
+};
 
 void setBatch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
   if (batch <= 1) return;
@@ -86,9 +103,10 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
               g.batch, g.strideA,
               g.strideB, g.strideC, g.ldAux, alignmentOf(g.A), alignmentOf(g.B), alignmentOf(g.C),
               g.bias ? alignmentOf(g.bias) : 256u};
-  std::lock_guard<std::mutex> lock(gPlanMutex);
-  auto it = gPlans.find(key);
-  if (it != gPlans.end()) return it->second;
+  GemmPlans& cache = rt.components().get<GemmPlans>();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto it = cache.plans.find(key);
+  if (it != cache.plans.end()) return it->second;
   Plan p;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // Lt's A is our B, Lt's B is our A.
@@ -135,28 +153,7 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
   if (hs != CUBLAS_STATUS_NOT_SUPPORTED && hs != CUBLAS_STATUS_INVALID_VALUE) CUBLAS_CHECK(hs);
   p.ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
   p.algo = heur.algo;
-  return gPlans.emplace(key, p).first->second;
-}
-
-__global__ void castKernel(const float* in, __nv_bfloat16* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(in[i]);
-}
-__global__ void castKernelH(const float* in, __half* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2half_rn(in[i]);
-}
-__global__ void uncastKernel(const __nv_bfloat16* in, float* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __bfloat162float(in[i]);
-}
-__global__ void uncastKernelH(const __half* in, float* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __half2float(in[i]);
+  return cache.plans.emplace(key, p).first->second;
 }
 
 int gridFor(int64_t n, int block = 256) { return static_cast<int>(std::min<int64_t>((n + block - 1) / block, 65535 * 8)); }
@@ -200,7 +197,7 @@ __global__ void colSumFinal(const float* part, float* db, int64_t chunks, int64_
 Tensor asOperand(const Tensor& t, MatmulPrecision p) {
   if (p == MatmulPrecision::kF32 || t.dtype() != DType::kF32) return t;
   Tensor out = Tensor::empty(t.shape(), p == MatmulPrecision::kBF16 ? DType::kBF16 : DType::kF16, t.device());
-  castTensor(out, t);
+  convertInto(out, t);
   return out;
 }
 
@@ -213,26 +210,6 @@ cudaDataType_t cudaTypeOf(DType t) {
 }
 
 }  // namespace
-
-void castTensor(Tensor& dst, const Tensor& src) {
-  MT_CHECK(dst.numel() == src.numel(), "cast of ", src.str(), " into ", dst.str());
-  const int64_t n = src.numel();
-  if (n == 0) return;
-  cudaStream_t s = currentStream();
-  if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16)
-    castKernel<<<gridFor(n), 256, 0, s>>>(src.data<float>(), static_cast<__nv_bfloat16*>(dst.rawData()), n);
-  else if (src.dtype() == DType::kF32 && dst.dtype() == DType::kF16)
-    castKernelH<<<gridFor(n), 256, 0, s>>>(src.data<float>(), static_cast<__half*>(dst.rawData()), n);
-  else if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32)
-    uncastKernel<<<gridFor(n), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(src.rawData()), dst.data<float>(), n);
-  else if (src.dtype() == DType::kF16 && dst.dtype() == DType::kF32)
-    uncastKernelH<<<gridFor(n), 256, 0, s>>>(static_cast<const __half*>(src.rawData()), dst.data<float>(), n);
-  else if (src.dtype() == dst.dtype())
-    dst.copyFrom(src);
-  else
-    MT_CHECK(false, "cast ", dtypeName(src.dtype()), " -> ", dtypeName(dst.dtype()));
-  CUDA_CHECK(cudaGetLastError());
-}
 
 namespace {
 // Enqueues g; false (nothing enqueued) when cuBLASLt has no algorithm for it.
@@ -266,7 +243,7 @@ bool tryGemmBias(GemmCall g, const Tensor* b, DType yType) {
   if (tryGemm(g)) return true;
   if (!b || g.biasType == kDefaultBiasType) return false;
   Tensor cast = Tensor::empty(b->shape(), yType, b->device());
-  castTensor(cast, *b);
+  convertInto(cast, *b);
   g.bias = cast.rawData();
   g.biasType = kDefaultBiasType;
   return tryGemm(g);  // the cast is freed stream-ordered, after the GEMM has read it
@@ -434,7 +411,7 @@ void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy,
         gb.bias = low.rawData();
         gb.biasType = kDefaultBiasType;
         if (tryGemm(gb)) {
-          castTensor(sum, low);
+          convertInto(sum, low);
           *dpreColSum = sum;
           fused = true;
         }

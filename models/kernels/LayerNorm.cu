@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "core/EnvParams.h"
-#include "models/kernels/Convert.cuh"
+#include "core/cuda/ElementConvert.cuh"
 #include "models/kernels/CudaLayers.h"
 #include "core/cuda/KernelUtil.cuh"
 

@@ -9,7 +9,7 @@
 #include <climits>
 #include <type_traits>
 
-#include "models/kernels/Convert.cuh"
+#include "core/cuda/ElementConvert.cuh"
 #include "models/kernels/CudaLayers.h"
 #include "core/cuda/KernelUtil.cuh"
 

@@ -1,6 +1,8 @@
 #pragma once
 #include <string>
 
+#include "core/EnumTable.h"
+
 namespace mt {
 
 // Memory layout of image activations. NHWC is what the data files hold and what tensor cores
@@ -8,12 +10,11 @@ namespace mt {
 // [O,KH,KW,C] for NHWC (cuDNN's KCRS / KRSC filter formats).
 enum class Layout { kNCHW, kNHWC };
 
-inline const char* layoutName(Layout l) { return l == Layout::kNCHW ? "nchw" : "nhwc"; }
-inline bool parseLayout(const std::string& s, Layout* out) {
-  if (s == "nchw") *out = Layout::kNCHW;
-  else if (s == "nhwc") *out = Layout::kNHWC;
-  else return false;
-  return true;
+inline const EnumTable<Layout>& layouts() {
+  static const EnumTable<Layout> kTable = {{Layout::kNHWC, "nhwc"}, {Layout::kNCHW, "nchw"}};
+  return kTable;
 }
+inline const char* layoutName(Layout l) { return enumName(layouts(), l); }
+inline bool parseLayout(const std::string& s, Layout* out) { return parseEnum(layouts(), s, out); }
 
 }  // namespace mt

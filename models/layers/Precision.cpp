@@ -1,10 +1,10 @@
 #include "models/layers/Precision.h"
 
+#include "core/Convert.h"
 #include "models/Module.h"
 
 #ifdef MT_WITH_CUDA
 #include "core/cuda/CudaRuntime.h"
-#include "models/kernels/CudaLayers.h"
 #endif
 
 namespace mt {
@@ -24,14 +24,9 @@ DType matmulDType(Device device) {
 
 Tensor castTo(const Tensor& t, DType d) {
   if (t.dtype() == d) return t;
-#ifdef MT_WITH_CUDA
-  if (t.device().isCuda()) {
-    Tensor out = Tensor::empty(t.shape(), d, t.device());
-    cuda::castTensor(out, t);
-    return out;
-  }
-#endif
-  return t.toDType(d);
+  Tensor out = Tensor::empty(t.shape(), d, t.device());
+  convertInto(out, t);
+  return out;
 }
 
 DType Module::outputDType(Device d) const { return lowOutput_ ? matmulDType(d) : DType::kF32; }

@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
     Loader loader(*source, lo, 0, 1, *host);
     std::unique_ptr<DeviceFeed> gpuFeed;
 #ifdef MT_WITH_CUDA
-    if (rt) gpuFeed = std::make_unique<DeviceFeed>(fm, loader, rt->dev(), images.get(), tokens.get());
+    if (rt) gpuFeed = std::make_unique<DeviceFeed>(
+          fm, loader, rt->dev(), images ? static_cast<const ResidentSplit*>(images.get()) : tokens.get());
 #endif
     auto one = [&]() -> double {
       Batch b = gpuFeed ? gpuFeed->next() : loader.next();

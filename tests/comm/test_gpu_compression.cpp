@@ -53,10 +53,10 @@ TEST(GpuCompressionOps, GramSchmidtAndCastsMatchTheCpu) {
   EXPECT_LT(test::relErr(host(pg), p), 1e-4);
   for (DType d : {DType::kF16, DType::kBF16}) {
     Tensor lc = Tensor::empty({3000 * 8}, d), lg = Tensor::empty({3000 * 8}, d, gpu());
-    castInto(lc, p.flat());
-    castInto(lg, pg.flat());
+    convertInto(lc, p.flat());
+    convertInto(lg, pg.flat());
     Tensor back = Tensor::empty({3000 * 8}, DType::kF32, gpu());
-    castInto(back, lg);
+    convertInto(back, lg);
     EXPECT_LT(test::relErr(host(back), lc.toDType(DType::kF32)), 1e-2);
   }
 }

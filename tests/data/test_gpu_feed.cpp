@@ -10,6 +10,7 @@
 #include "data/DeviceFeed.h"
 #include "data/H5File.h"
 #include "data/ImageSource.h"
+#include "data/TokenDataset.h"
 #include "tests/common/TestUtil.h"
 
 namespace mt {
@@ -22,7 +23,7 @@ bool sameBytes(const Tensor& a, const Tensor& b) {
          std::memcmp(ha.rawData(), hb.rawData(), ha.nbytes()) == 0;
 }
 
-void compareFeeds(const BatchSource& src, const ImageDataset* images, const TokenDataset* tokens, int64_t batch) {
+void compareFeeds(const BatchSource& src, const ResidentSplit& split, int64_t batch) {
   CudaRuntime& rt = CudaRuntime::require();
   for (FeedMode mode : {FeedMode::kPinned, FeedMode::kUvm, FeedMode::kDevice}) {
     LoaderOptions lo;
@@ -37,7 +38,7 @@ void compareFeeds(const BatchSource& src, const ImageDataset* images, const Toke
     if (mode == FeedMode::kDevice) lg.numWorkers = 0;
     lg.workerInit = [] { cudaSetDevice(0); };
     Loader loader(src, lg, 1, 2, *host);
-    DeviceFeed feed(mode, loader, rt.dev(), images, tokens);
+    DeviceFeed feed(mode, loader, rt.dev(), &split);
     for (int i = 0; i < 12; ++i) {
       Batch want = reference.next();
       Batch got = feed.next();
@@ -57,7 +58,7 @@ TEST(GpuFeed, ImagesMatchTheHostLoader) {
   ImageDataset ds(f, "train", 2);
   ds.loadIntoMemory();
   ImageSource src(ds);
-  compareFeeds(src, &ds, nullptr, 128);
+  compareFeeds(src, ds, 128);
 }
 
 TEST(GpuFeed, TokenWindowsMatchTheHostLoader) {
@@ -73,7 +74,7 @@ TEST(GpuFeed, TokenWindowsMatchTheHostLoader) {
   TokenDataset ds(f, "train", 256, 2);
   ds.loadIntoMemory();
   TokenSource src(ds);
-  compareFeeds(src, nullptr, &ds, 8);
+  compareFeeds(src, ds, 8);
 }
 
 }  // namespace

@@ -91,6 +91,32 @@ TEST(Loader, WorkerErrorsReachTheConsumer) {
   EXPECT_THROW(l.next(), DataError);  // 4..7
 }
 
+TEST(Loader, ScheduleIsHandedOutCyclically) {
+  CountingSource src(50);
+  const std::vector<std::vector<int64_t>> schedule = {{3, 1, 4}, {15, 9}, {26, 5, 35, 8}};
+  for (int workers : {0, 2}) {
+    LoaderOptions opt;
+    opt.numWorkers = workers;
+    opt.prefetchFactor = 2;
+    Loader loader(src, schedule, opt);
+    EXPECT_EQ(loader.batchesPerEpoch(), 3);
+    // Two passes: the same batches in the same order, sizes as listed; sampleIds are the indices.
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t k = 0; k < schedule.size(); ++k) {
+        Batch b = loader.next();
+        EXPECT_EQ(contents(b), schedule[k]) << "workers " << workers << " pass " << pass << " batch " << k;
+        EXPECT_EQ(b.sampleIds, schedule[k]);
+      }
+    EXPECT_EQ(loader.position(), 6);
+    EXPECT_EQ(loader.batchIndices(7), schedule[1]);
+    loader.seek(2);
+    EXPECT_EQ(contents(loader.next()), schedule[2]);
+  }
+  LoaderOptions opt;
+  EXPECT_THROW(Loader(src, std::vector<std::vector<int64_t>>{{1, 50}}, opt), InternalError);
+  EXPECT_THROW(Loader(src, std::vector<std::vector<int64_t>>{}, opt), InternalError);
+}
+
 TEST(Loader, TooSmallForOneBatch) {
   CountingSource src(10);
   LoaderOptions o;

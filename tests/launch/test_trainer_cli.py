@@ -261,6 +261,17 @@ class Docs(unittest.TestCase):
         self.assertGreater(len(keys), 40)
         for k in keys:
             self.assertIn(f"`{k}`", readme, f"README's configuration reference lacks {k}")
+        # The table is the config table's own rendering (scripts/update_config_reference rewrites it).
+        code, table, _ = run(["--config-reference"])
+        self.assertEqual(code, 0)
+        start = readme.index("| key | default | meaning |")
+        lines = []
+        for line in readme[start:].splitlines(keepends=True):
+            if not line.startswith("|"):
+                break
+            lines.append(line)
+        self.assertEqual("".join(lines), table, "README's configuration reference is stale: "
+                         "run scripts/update_config_reference")
         quick = readme.split("## Quick start", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
         commands = [l.split("#")[0].strip() for l in quick.strip().splitlines() if l.split("#")[0].strip()]
         self.assertEqual(len(commands), 2, commands)

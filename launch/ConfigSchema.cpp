@@ -1,0 +1,186 @@
+// Every configuration key, once: its default, kind, accepted range or names, and help text. Config
+// validates against it, Settings reads typed values it has checked, and `trainer --help` and the
+// README's configuration reference (`trainer --config-reference`) are generated from it. Choice keys
+// backed by an enum take their names (and meanings) from that enum's table.
+
+#include "comm/Compression.h"
+#include "core/Log.h"
+#include "data/DeviceFeed.h"
+#include "data/H5File.h"
+#include "launch/Config.h"
+#include "models/layers/Layout.h"
+#include "sharding/ShardedEngine.h"
+
+namespace mt {
+
+namespace {
+
+KeyRange positive() {
+  KeyRange r;
+  r.lo = 0, r.loOpen = true;
+  return r;
+}
+KeyRange atLeast(double lo) {
+  KeyRange r;
+  r.lo = lo;
+  return r;
+}
+KeyRange within(double lo, double hi, bool loOpen, bool hiOpen) {
+  KeyRange r;
+  r.lo = lo, r.hi = hi, r.loOpen = loOpen, r.hiOpen = hiOpen;
+  return r;
+}
+const KeyRange kNonNegative = atLeast(0), kPositive = positive(), kFraction = within(0, 1, false, true);
+
+ConfigKey text(std::string key, std::string def, std::string help) {
+  return {std::move(key), std::move(def), KeyKind::kString, std::move(help), {}, {}};
+}
+ConfigKey integer(std::string key, std::string def, KeyRange range, std::string help) {
+  return {std::move(key), std::move(def), KeyKind::kInt, std::move(help), range, {}};
+}
+ConfigKey real(std::string key, std::string def, KeyRange range, std::string help) {
+  return {std::move(key), std::move(def), KeyKind::kFloat, std::move(help), range, {}};
+}
+ConfigKey boolean(std::string key, std::string def, std::string help) {
+  return {std::move(key), std::move(def), KeyKind::kBool, std::move(help), {}, {}};
+}
+ConfigKey intList(std::string key, std::string def, std::string help) {
+  return {std::move(key), std::move(def), KeyKind::kIntList, std::move(help), {}, {}};
+}
+ConfigKey choice(std::string key, std::string def, std::vector<KeyChoice> choices, std::string help = "") {
+  return {std::move(key), std::move(def), KeyKind::kChoice, std::move(help), {}, std::move(choices)};
+}
+// The names of an enum's table (its meanings too): the one list a choice key accepts.
+template <typename E>
+std::vector<KeyChoice> choicesOf(const EnumTable<E>& table) {
+  std::vector<KeyChoice> out;
+  for (const auto& e : table)
+    if (e.selectable) out.push_back({e.name, e.meaning});
+  return out;
+}
+
+}  // namespace
+
+const std::vector<ConfigKey>& configSchema() {
+  static const std::vector<ConfigKey> kSchema = {
+      // run
+      text("run.name", "fashion_mlp", "run name; the run directory is <run.dir>/<run.name>"),
+      text("run.dir", "runs", "parent folder of run directories"),
+      integer("run.seed", "1234", {}, "seed of initialisation, shuffling and dropout"),
+      integer("run.log_interval", "100", kPositive, "steps between progress lines and metrics.jsonl step records"),
+      boolean("run.trace", "false", "write per-step communication timestamps to <run_dir>/trace.jsonl"),
+      choice("run.log_level", "info", choicesOf(logLevels()), "MT_LOG_LEVEL overrides"),
+      // model
+      choice("model.type", "mlp", {{"mlp", ""}, {"cnn", ""}, {"gpt", ""}}),
+      intList("model.hidden", "256,128,100", "mlp: hidden layer widths"),
+      choice("model.activation", "relu", {{"relu", ""}, {"gelu", ""}}, "mlp"),
+      real("model.dropout", "0", kFraction, "dropout probability after hidden layers"),
+      choice("model.layout", "nhwc", choicesOf(layouts()), "cnn: activation layout"),
+      intList("model.conv_channels", "32,64", "cnn: output channels of each conv + pool stage"),
+      integer("model.kernel", "3", kPositive, "cnn: convolution kernel size (odd; padding keeps the size)"),
+      integer("model.fc", "128", kPositive, "cnn: width of the hidden fully-connected layer"),
+      choice("model.gpt_preset", "d12",
+             {{"d6", ""}, {"d12", "GPT-2 124M"}, {"d24", "350M"}, {"d36", "774M"}, {"d48", "1558M"}}, "gpt"),
+      integer("model.layers", "0", kNonNegative, "gpt: transformer blocks (0: the preset's)"),
+      integer("model.heads", "0", kNonNegative, "gpt: attention heads (0: the preset's)"),
+      integer("model.channels", "0", kNonNegative, "gpt: embedding width (0: the preset's)"),
+      integer("model.seq_len", "1024", kPositive, "gpt: tokens per sample (T)"),
+      integer("model.vocab_size", "0", kNonNegative, "gpt: vocabulary (0: the data file's vocab_size)"),
+      integer("model.padded_vocab", "0", kNonNegative,
+              "gpt: vocabulary padded for aligned GEMMs (0: next multiple of 128)"),
+      real("model.input_mean", "0.2860", {}, "image normalisation mean (of pixel/255)"),
+      real("model.input_std", "0.3530", kPositive, "image normalisation standard deviation"),
+      // data
+      text("data.path", "datasets/fashion_mnist.h5", "HDF5 file (docs/data-format.md)"),
+      text("data.train_split", "train", "group holding the training images/labels"),
+      text("data.test_split", "test", "group holding the test images/labels"),
+      choice("data.mode", "memory",
+             {{"memory", "load the split into RAM once"}, {"stream", "read batches from the file"}}),
+      choice("data.feed", "pinned", choicesOf(feedModes()), "cuda: how batches reach the GPU"),
+      integer("data.num_workers", "2", kNonNegative, "loader worker threads per rank (0: load in the training thread)"),
+      integer("data.prefetch_factor", "2", atLeast(1), "batches in flight per worker"),
+      boolean("data.shuffle", "true", "shuffle the training set every epoch"),
+      choice("data.file_locking", "auto", choicesOf(fileLockings()), "HDF5 file locking"),
+      // train
+      integer("train.epochs", "10", {}, "epochs to train (ignored when train.max_steps > 0)"),
+      integer("train.max_steps", "0", kNonNegative, "stop after this many optimizer steps (0: train.epochs)"),
+      integer("train.batch_size", "128", kPositive, "GLOBAL batch size, split evenly over ranks"),
+      integer("train.grad_accum_steps", "1", atLeast(1),
+              "micro-batches per optimizer step: each rank's share of train.batch_size runs in this many forward/"
+              "backward passes whose gradients add up locally (one all-reduce, after the last)"),
+      integer("train.eval_batch_size", "1000", kPositive, "global batch size for evaluation"),
+      integer("train.eval_interval", "0", kNonNegative, "steps between evaluations (0: at the end of every epoch)"),
+      choice("train.device", "cpu", {{"cpu", ""}, {"cuda", "GPU = node-local rank modulo the visible GPUs"}}),
+      choice("train.precision", "f32",
+             {{"f32", ""},
+              {"bf16", "bf16 matmuls, f32 master weights"},
+              {"f16", "plus dynamic loss scaling"}}),
+      integer("train.memory_cap_mb", "0", kNonNegative,
+              "cuda: cap on GPU memory the caching allocator may reserve (0: none)"),
+      real("train.grad_clip", "0", kNonNegative, "clip the global gradient norm to this (0: off)"),
+      integer("train.eval_batches", "20", kPositive, "gpt: batches of the test split per evaluation"),
+      real("train.peak_flops", "989e12", kPositive, "peak FLOP/s per GPU for the MFU figure (H100/H200 dense bf16)"),
+      // optim
+      choice("optim.type", "adamw", {{"sgd", ""}, {"adamw", ""}}),
+      real("optim.lr", "0.001", kPositive, "peak learning rate"),
+      real("optim.weight_decay", "0", kNonNegative,
+           "decoupled (adamw) or L2 (sgd) weight decay; biases and norms excluded"),
+      real("optim.momentum", "0.9", kFraction, "sgd momentum"),
+      boolean("optim.nesterov", "false", "sgd Nesterov momentum"),
+      real("optim.beta1", "0.9", kFraction, "adamw beta1"),
+      real("optim.beta2", "0.999", kFraction, "adamw beta2"),
+      real("optim.eps", "1e-8", kPositive, "adamw epsilon"),
+      // schedule
+      choice("schedule.kind", "constant", {{"constant", ""}, {"cosine", ""}, {"linear", ""}}),
+      integer("schedule.warmup_steps", "0", kNonNegative, "linear warmup steps"),
+      real("schedule.min_lr", "0", kNonNegative, "final learning rate of cosine/linear decay"),
+      // dist
+      choice("dist.backend", "auto",
+             {{"auto", "nccl on GPUs, mpi on CPUs, local for one rank"}, {"mpi", ""}, {"local", ""}, {"nccl", ""}}),
+      real("dist.bucket_cap_mb", "25", kPositive, "gradient bucket size in MiB"),
+      real("dist.first_bucket_mb", "1", kPositive, "size of the first (last layers') bucket in MiB"),
+      boolean("dist.rebuild_buckets", "false", "rebuild buckets after step 1 from the observed gradient order"),
+      // Deadlines are steady_clock time points: 1e10 s overflowed and every collective timed out.
+      integer("dist.timeout_s", "300", within(1, 604800, false, false),
+              "collective timeout in seconds, at most a week (MT_COMM_TIMEOUT_S overrides)"),
+      boolean("dist.fingerprint", "false", "check that all ranks issue the same collective (debug; slow)"),
+      boolean("dist.health_monitor", "true", "detect killed ranks at once through a TCP connection to rank 0"),
+      // compression
+      choice("compression.method", "none", choicesOf(compressionMethods()), "data-parallel gradient compression"),
+      integer("compression.rank", "4", atLeast(1), "powersgd: rank of the low-rank approximation"),
+      integer("compression.start_iter", "10", kNonNegative,
+              "powersgd, topk: steps of uncompressed all-reduce before compressing"),
+      real("compression.min_compression_rate", "2", atLeast(1),
+           "powersgd: compress a matrix only when it saves this factor"),
+      boolean("compression.warm_start", "true", "powersgd: start each step's power iteration from last step's Q"),
+      boolean("compression.error_feedback", "true", "powersgd, topk: add what compression left out to the next step"),
+      real("compression.topk_fraction", "0.01", within(0, 1, true, false), "topk: fraction of each bucket's entries sent"),
+      integer("compression.topk_warmup_steps", "0", kNonNegative,
+              "topk: steps after start_iter over which the fraction falls geometrically from 1 to topk_fraction"),
+      // sharding
+      choice("sharding.strategy", "no_shard", choicesOf(shardStrategies())),
+      choice("sharding.offload", "none",
+             {{"none", ""}, {"cpu", "master shards and optimizer state in host memory, step on the CPU"}}),
+      integer("sharding.prefetch_limit", "2", atLeast(1), "units gathered at once (the current one and the prefetched)"),
+      choice("sharding.param_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype parameters are all-gathered in"),
+      choice("sharding.reduce_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype gradients are reduce-scattered in"),
+      // checkpoint
+      text("checkpoint.dir", "", "where checkpoints go (default <run_dir>/checkpoints; shared by all nodes)"),
+      integer("checkpoint.interval", "0", kNonNegative, "save every this many steps (0: only at exit)"),
+      integer("checkpoint.keep", "3", atLeast(1), "keep the newest this many checkpoints"),
+      text("checkpoint.resume", "auto", "auto (the newest valid checkpoint, if any), never, or a checkpoint directory"),
+      boolean("checkpoint.at_exit", "true", "save when training ends and when SIGTERM/SIGUSR1 stops it"),
+      // topo
+      text("topo.file", "", "NCCL topology XML of a node (NCCL_TOPO_FILE); rails and CPU affinity come from it"),
+      text("topo.profile", "",
+           "environment profile: a name in topo/profiles (ib-ndr, ib-hdr, roce-v2, socket, ...) or a path"),
+      boolean("topo.hierarchical", "false",
+              "data-parallel all-reduce as reduce-scatter in node, all-reduce across, all-gather in"),
+      integer("topo.node_ranks", "0", kNonNegative,
+              "ranks per node for the intra/inter-node groups (0: the real nodes; >0 emulates)"),
+      boolean("topo.bind_cpus", "true", "cuda: bind each rank to the CPU cores of its GPU's NUMA node (needs topo.file)"),
+  };
+  return kSchema;
+}
+
+}  // namespace mt

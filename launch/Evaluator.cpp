@@ -1,0 +1,59 @@
+#include "launch/Evaluator.h"
+
+namespace mt {
+
+LossStats sumOverRanks(Communicator& comm, const LossStats& local) {
+  // Counts travel as doubles, exact below 2^53.
+  Tensor t = Tensor::empty({3}, DType::kF64);
+  t.data<double>()[0] = local.lossSum;
+  t.data<double>()[1] = static_cast<double>(local.correct);
+  t.data<double>()[2] = static_cast<double>(local.count);
+  comm.allReduceSync(t, ReduceOp::kSum);
+  LossStats g;
+  g.lossSum = t.data<double>()[0];
+  g.correct = static_cast<int64_t>(t.data<double>()[1]);
+  g.count = static_cast<int64_t>(t.data<double>()[2]);
+  return g;
+}
+
+EvalResult evalResult(const LossStats& g) {
+  EvalResult e;
+  e.count = g.count;
+  e.loss = g.count ? g.lossSum / static_cast<double>(g.count) : 0.0;
+  e.accuracy = g.count ? static_cast<double>(g.correct) / static_cast<double>(g.count) : 0.0;
+  return e;
+}
+
+Evaluator::Evaluator(const Task& task, const LoaderOptions& loader, Allocator& host, Device device, FeedMode feed,
+                     int rank, int worldSize, int64_t localBatch, int64_t microBatch)
+    : device_(device) {
+  std::vector<std::vector<int64_t>> schedule = task.evalSchedule(rank, worldSize, localBatch, microBatch);
+  batches_ = static_cast<int64_t>(schedule.size());
+  LoaderOptions lo = loader;
+  if (device.isCuda() && feed == FeedMode::kDevice) lo.numWorkers = 0;  // the GPU gathers
+  loader_ = std::make_unique<Loader>(task.testSource(), std::move(schedule), lo, host);
+  if (device.isCuda()) feed_ = std::make_unique<DeviceFeed>(feed, *loader_, device, &task.testSplit());
+}
+
+Evaluator::~Evaluator() {
+  feed_.reset();
+  loader_.reset();
+}
+
+EvalResult Evaluator::run(Model& model, Parallelism& parallelism, Communicator& world) {
+  Context ctx;
+  ctx.training = false;
+  ctx.device = device_;
+  LossStats total;
+  for (int64_t k = 0; k < batches_; ++k) {
+    const Batch b = feed_ ? feed_->next() : loader_->next();
+    LossStats s = model.forward(b, ctx);
+    parallelism.afterEvalForward();
+    total.lossSum += s.lossSum;
+    total.correct += s.correct;
+    total.count += s.count;
+  }
+  return evalResult(sumOverRanks(world, total));
+}
+
+}  // namespace mt

@@ -1,0 +1,168 @@
+#include "launch/RunReporter.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/Allocator.h"
+#include "core/Log.h"
+#include "core/Timer.h"
+#include "launch/Evaluator.h"
+
+namespace mt {
+
+RunReporter::RunReporter(const Task& task, Communicator& world, const std::string& runDir, bool resumed, bool trace)
+    : task_(task), world_(world) {
+  if (world_.rank() == 0) metrics_.open(runDir + "/metrics.jsonl", /*append=*/resumed);
+  if (trace)
+    trace_ = std::make_unique<std::ofstream>(runDir + "/trace.rank" + std::to_string(world_.rank()) + ".jsonl",
+                                             resumed ? std::ios::app : std::ios::trunc);
+}
+
+void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
+  // The step's loss over the global batch (every rank's rows), as a single process would report.
+  const LossStats global = sumOverRanks(world_, r.local);
+  // Straggler report: every rank's compute time per step (forward + backward, no gradient wait).
+  const int W = world_.size();
+  Tensor mine = Tensor::empty({1}, DType::kF64), all = Tensor::empty({W}, DType::kF64);
+  mine.data<double>()[0] = r.computePerStep;
+  world_.allGather(mine, all)->wait(world_.timeout());
+  const CommReport comm = parallelism.takeCommReport();
+  if (world_.rank() != 0) return;
+  const double* ct = all.data<double>();
+  const int slowest = static_cast<int>(std::max_element(ct, ct + W) - ct);
+  const double fastest = *std::min_element(ct, ct + W);
+  const double spread = fastest > 0 ? ct[slowest] / fastest - 1.0 : 0.0;
+  const double count = static_cast<double>(global.count);
+  Progress p;
+  p.step = r.step + 1;
+  p.totalSteps = r.totalSteps;
+  p.epoch = r.position.epoch + 1;
+  p.epochs = (r.totalSteps + r.stepsPerEpoch - 1) / r.stepsPerEpoch;
+  p.loss = count > 0 ? global.lossSum / count : 0.0;
+  p.accuracy = count > 0 ? static_cast<double>(global.correct) / count : 0.0;
+  p.lr = r.lr;
+  p.samplesPerS = r.seconds > 0 ? static_cast<double>(r.steps * r.globalBatch) / r.seconds : 0.0;
+  p.stepSeconds = r.steps > 0 ? r.seconds / static_cast<double>(r.steps) : 0.0;
+  p.etaSeconds = p.stepSeconds * static_cast<double>(r.totalSteps - r.step - 1);
+  p.waitPercent = r.seconds > 0 ? 100.0 * r.waitSeconds / r.seconds : 0.0;
+  p.gpus = r.device.isCuda() ? W : 0;
+  std::string extra;
+  if (W > 1) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), " straggler rank %d +%.0f%%", slowest, 100.0 * spread);
+    extra += buf;
+  }
+  const double perStep = r.steps > 0 ? 1.0 / static_cast<double>(r.steps) : 0.0;
+  const CompressionStats& cs = comm.stats;
+  if (comm.present && cs.bytesAfter > 0 && cs.bytesAfter != cs.bytesBefore) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), " comm %s/step (%.1fx less)",
+                  formatBytes(static_cast<int64_t>(static_cast<double>(cs.bytesAfter) * perStep)).c_str(),
+                  static_cast<double>(cs.bytesBefore) / static_cast<double>(cs.bytesAfter));
+    extra += buf;
+  }
+  MT_LOG_INFO << task_.progressLine(p) << extra;
+  nlohmann::json j = {{"type", "step"},
+                      {"step", p.step},
+                      {"epoch", r.position.epoch},
+                      {"loss", p.loss},
+                      {"accuracy", p.accuracy},
+                      {"lr", p.lr},
+                      {"samples_per_s", p.samplesPerS},
+                      {"step_time_s", p.stepSeconds},
+                      {"data_wait_s", r.steps > 0 ? r.waitSeconds / static_cast<double>(r.steps) : 0.0},
+                      {"time", wallMicros() / 1e6}};
+  task_.addStepFields(p, j);
+  {  // this rank's device memory (rank 0 writes the record): the curve the plots draw
+    const AllocatorStats as = allocatorFor(r.device).stats();
+    j["allocated_bytes"] = as.allocatedBytes;
+    j["reserved_bytes"] = as.reservedBytes;
+    j["allocator_peak_bytes"] = as.peakAllocatedBytes;
+  }
+  j["compute_s_per_rank"] = std::vector<double>(ct, ct + W);
+  j["straggler_rank"] = slowest;
+  j["straggler_spread"] = spread;
+  if (comm.present) {
+    j["compression"] = comm.reducer;
+    j["comm_bytes_before"] = static_cast<double>(cs.bytesBefore) * perStep;
+    j["comm_bytes_after"] = static_cast<double>(cs.bytesAfter) * perStep;
+    j["compression_s"] = cs.seconds * perStep;
+  }
+  metrics_.write(j);
+}
+
+void RunReporter::memory(int64_t step, const MemoryAccount& m, const std::string& strategy, int64_t numParams) {
+  const int W = world_.size();
+  Tensor mine = Tensor::empty({6}, DType::kI64), all = Tensor::empty({6 * W}, DType::kI64);
+  const int64_t v[6] = {m.paramBytes, m.gradBytes, m.optimizerBytes, m.gatheredPeakBytes, m.activationPeakBytes,
+                        m.devicePeakBytes};
+  std::copy(v, v + 6, mine.data<int64_t>());
+  world_.allGather(mine, all)->wait(world_.timeout());
+  if (world_.rank() != 0) return;
+  nlohmann::json j = {{"type", "memory"}, {"step", step}, {"strategy", strategy}, {"parameters", numParams}};
+  const char* names[6] = {"param_bytes", "grad_bytes", "optimizer_bytes", "gathered_peak_bytes",
+                          "activation_peak_bytes", "allocator_peak_bytes"};
+  for (int k = 0; k < 6; ++k) {
+    nlohmann::json col = nlohmann::json::array();
+    for (int r = 0; r < W; ++r) col.push_back(all.data<int64_t>()[6 * r + k]);
+    j[names[k]] = col;
+  }
+  metrics_.write(j);
+  MT_LOG_INFO << "memory per rank (rank 0, " << strategy << "): params " << formatBytes(m.paramBytes) << ", grads "
+              << formatBytes(m.gradBytes) << ", optimizer " << formatBytes(m.optimizerBytes) << " (persistent "
+              << formatBytes(m.persistent()) << " = "
+              << static_cast<double>(m.persistent()) / static_cast<double>(numParams)
+              << " bytes/parameter), gathered peak " << formatBytes(m.gatheredPeakBytes) << ", activations peak "
+              << formatBytes(m.activationPeakBytes) << ", allocator peak " << formatBytes(m.devicePeakBytes);
+}
+
+void RunReporter::evaluation(int64_t step, const EvalResult& e) {
+  if (world_.rank() != 0) return;
+  MT_LOG_INFO << "eval step " << step << ": test_loss " << e.loss << " test_accuracy " << e.accuracy << " ("
+              << e.count << " examples)";
+  metrics_.write({{"type", "eval"}, {"step", step}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy},
+                  {"count", e.count}});
+}
+
+void RunReporter::preempted(int64_t step, int64_t totalSteps, const std::string& runDir) {
+  if (world_.rank() != 0) return;
+  std::printf("preempted at step %lld of %lld; resume with the same command\n", static_cast<long long>(step),
+              static_cast<long long>(totalSteps));
+  std::fflush(stdout);
+  metrics_.write({{"type", "preempted"}, {"step", step}});
+  // For job scripts: this run stopped early on a signal and can be resumed (requeued).
+  std::ofstream marker(runDir + "/PREEMPTED");
+  marker << step << "\n";
+}
+
+void RunReporter::finished(int64_t totalSteps, int64_t stepsTrained, double wallSeconds, const EvalResult& e) {
+  if (world_.rank() != 0) return;
+  MT_LOG_INFO << "trained " << stepsTrained << " steps in " << formatDuration(wallSeconds);
+  // Unprefixed, for scripts: the one line a run ends with.
+  std::printf("%s\n", task_.finalLine(e).c_str());
+  std::fflush(stdout);
+  metrics_.write({{"type", "final"}, {"steps", totalSteps}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy},
+                  {"wall_s", wallSeconds}});
+}
+
+void RunReporter::traceStep(int64_t step, int64_t backwardStartUs, const Parallelism& parallelism,
+                            const std::vector<int64_t>& batchIndices) {
+  if (!trace_) return;
+  nlohmann::json j;
+  j["step"] = step;
+  j["rank"] = world_.rank();
+  j["backward_start_us"] = backwardStartUs;
+  j["backward_end_us"] = parallelism.backwardEndUs();
+  // Which samples this step trained on (resume tests compare it with an uninterrupted run).
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i : batchIndices) h = (h ^ static_cast<uint64_t>(i)) * 1099511628211ull;
+  j["batch_hash"] = std::to_string(h);
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const auto& b : parallelism.bucketTrace())
+    buckets.push_back({{"bucket", b.bucket}, {"bytes", b.bytes}, {"ready_us", b.readyUs}, {"started_us", b.startedUs},
+                       {"done_us", b.doneUs}});
+  j["buckets"] = buckets;
+  *trace_ << j.dump() << '\n';
+}
+
+}  // namespace mt

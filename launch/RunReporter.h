@@ -1,0 +1,62 @@
+#pragma once
+// What a run tells its operator: the progress line and metrics.jsonl step record every log
+// interval (the loss over the global batch, throughput, the straggler report, communication and
+// memory figures), the memory record after the first step, evaluation, preemption and final
+// records, and with run.trace each rank's per-step timestamps (trace.rank<r>.jsonl). Rank 0 writes
+// metrics.jsonl; the figures that need every rank are gathered collectively, so step() and
+// memory() are called by all ranks.
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/Communicator.h"
+#include "comm/DataParallel.h"
+#include "launch/Metrics.h"
+#include "launch/Parallelism.h"
+#include "launch/Task.h"
+#include "sharding/ShardedEngine.h"
+
+namespace mt {
+
+// One log interval as the trainer saw it on this rank.
+struct IntervalReport {
+  int64_t step = 0;               // the interval's last step, from 0
+  int64_t totalSteps = 0, stepsPerEpoch = 1, globalBatch = 0;
+  LoaderPosition position;         // of the step's first batch
+  LossStats local;                 // this rank's loss statistics of that step
+  double seconds = 0.0;            // wall time of the interval
+  int64_t steps = 0;               // steps in it
+  double waitSeconds = 0.0;        // data-wait time in it
+  double computePerStep = 0.0;     // this rank's forward + backward seconds per step
+  double lr = 0.0;
+  Device device = Device::cpu();
+};
+
+class RunReporter {
+ public:
+  // Opens <runDir>/metrics.jsonl on rank 0 (appending when resumed) and the trace file with
+  // run.trace.
+  RunReporter(const Task& task, Communicator& world, const std::string& runDir, bool resumed, bool trace);
+
+  // The loss over the global batch, the progress line and the step record. Collective.
+  void interval(const IntervalReport& r, Parallelism& parallelism);
+  // Every rank's memory account (`m`, activation peak folded in). Collective.
+  void memory(int64_t step, const MemoryAccount& m, const std::string& strategy, int64_t numParams);
+  void evaluation(int64_t step, const EvalResult& e);  // rank 0 logs and records
+  void preempted(int64_t step, int64_t totalSteps, const std::string& runDir);
+  void finished(int64_t totalSteps, int64_t stepsTrained, double wallSeconds, const EvalResult& e);
+  bool tracing() const { return trace_ != nullptr; }
+  // This rank's trace line of a step: backward's span, the batch's samples, the buckets' times.
+  void traceStep(int64_t step, int64_t backwardStartUs, const Parallelism& parallelism,
+                 const std::vector<int64_t>& batchIndices);
+
+ private:
+  const Task& task_;
+  Communicator& world_;
+  MetricsWriter metrics_;
+  std::unique_ptr<std::ofstream> trace_;
+};
+
+}  // namespace mt

@@ -1,0 +1,99 @@
+#include "launch/TopologySetup.h"
+
+#include <sched.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "core/EnvParams.h"
+#include "core/Error.h"
+#include "core/Log.h"
+
+#ifdef MT_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace mt {
+
+TopologySetup applyTopology(const Settings& s, int rank) {
+  TopologySetup t;
+  if (!s.topoFile.empty()) t.topology = std::make_unique<Topology>(Topology::load(s.topoFile));
+  if (!s.profile.empty()) {
+    std::string dir = envString(EnvParam::kProfileDir);
+    if (dir.empty()) dir = MT_DEFAULT_PROFILE_DIR;
+    t.profile = std::make_unique<Profile>(Profile::load(s.profile, dir));
+    auto it = t.profile->hints.find("fabric");
+    Fabric f;
+    if (t.topology && it != t.profile->hints.end() && parseFabric(it->second, &f)) t.topology->setFabric(f);
+  }
+  // NCCL reads its environment at the first call: everything is exported here, before any.
+  if (t.profile) t.ncclEnv = t.profile->apply();
+  if (!s.topoFile.empty()) {
+    if (std::getenv("NCCL_TOPO_FILE")) {
+      t.ncclEnv.push_back(std::string("NCCL_TOPO_FILE=") + std::getenv("NCCL_TOPO_FILE") + " (environment)");
+    } else {
+      setenv("NCCL_TOPO_FILE", s.topoFile.c_str(), 0);
+      t.ncclEnv.push_back("NCCL_TOPO_FILE=" + s.topoFile + " (topo.file)");
+    }
+  }
+  if (rank == 0) {
+    for (const auto& l : t.ncclEnv) MT_LOG_INFO << "nccl env: " << l;
+    if (t.topology) MT_LOG_INFO << t.topology->summary();
+  }
+  return t;
+}
+
+void bindToGpuCpus(const Topology& topology, int device) {
+#ifdef MT_WITH_CUDA
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) return;
+  std::string id = bus;
+  for (auto& ch : id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const TopoGpu* match = nullptr;
+  for (const auto& g : topology.gpus())
+    if (g.busid == id) match = &g;
+  if (!match && device < static_cast<int>(topology.gpus().size())) match = &topology.gpus()[static_cast<size_t>(device)];
+  if (!match || match->cpu < 0) return;
+  const auto& cores = topology.cpus()[static_cast<size_t>(match->cpu)].cores;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int usable = 0;
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  for (int c : cores)
+    if (c < hw && c < CPU_SETSIZE) CPU_SET(c, &set), ++usable;
+  if (usable == 0) return;  // the file describes another machine
+  if (sched_setaffinity(0, sizeof(set), &set) == 0) {
+    MT_LOG_DEBUG << "bound to " << usable << " cores of NUMA node "
+                 << topology.cpus()[static_cast<size_t>(match->cpu)].numa << " (GPU " << id << ")";
+  }
+#else
+  (void)topology;
+  (void)device;
+#endif
+}
+
+std::string shellExportLine(const std::string& entry) {
+  const size_t eq = entry.find('=');
+  if (eq == std::string::npos) return "# " + entry;
+  std::string value = entry.substr(eq + 1), origin;
+  const size_t paren = value.rfind(" (");
+  if (!value.empty() && value.back() == ')' && paren != std::string::npos) {
+    origin = value.substr(paren + 2, value.size() - paren - 3);
+    value.resize(paren);
+  }
+  std::string quoted = "'";
+  for (char c : value) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  return "export " + entry.substr(0, eq) + "=" + quoted + (origin.empty() ? "" : "  # " + origin);
+}
+
+void writeNcclEnv(const std::string& path, const TopologySetup& setup) {
+  std::ofstream env(path);
+  env << "# NCCL environment in effect (profile " << (setup.profile ? setup.profile->name : "none") << ")\n";
+  for (const auto& l : setup.ncclEnv) env << shellExportLine(l) << "\n";
+  if (!env) throw IoError("cannot write " + path);
+}
+
+}  // namespace mt
