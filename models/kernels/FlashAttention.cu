@@ -483,11 +483,11 @@ struct Variant {
 };
 // The first usable entry for each (D, dtype) is the default.
 const Variant<FwdLaunch> kFwd[] = {
-    {64, DType::kBF16, "fwd wgmma bc64", launchForwardSm90<64, 2, 2, 1, __nv_bfloat16>, true},
-    {64, DType::kBF16, "fwd wgmma bc64 bh-major", launchForwardSm90<64, 2, 2, 0, __nv_bfloat16>, true},
-    {64, DType::kBF16, "fwd wgmma1 bc64", launchForwardSm90<64, 1, 4, 1, __nv_bfloat16>, true},
-    {64, DType::kBF16, "fwd wgmma bc128", launchForwardSm90<128, 2, 1, 1, __nv_bfloat16>, true},
-    {64, DType::kF16, "fwd wgmma bc64", launchForwardSm90<64, 2, 2, 1, __half>, true},
+    {64, DType::kBF16, "fwd wgmma bc64 qreg lazy tree", launchForwardSm90<64, 2, 2, 1, 7, __nv_bfloat16>, true},
+    {64, DType::kBF16, "fwd wgmma bc64 qreg lazy", launchForwardSm90<64, 2, 2, 1, 3, __nv_bfloat16>, true},
+    {64, DType::kBF16, "fwd wgmma1 bc64 qreg lazy tree", launchForwardSm90<64, 1, 4, 1, 7, __nv_bfloat16>, true},
+    {64, DType::kBF16, "fwd wgmma bc64 (v7)", launchForwardSm90<64, 2, 2, 1, 0, __nv_bfloat16>, true},
+    {64, DType::kF16, "fwd wgmma bc64 qreg lazy tree", launchForwardSm90<64, 2, 2, 1, 7, __half>, true},
     // Default without wgmma: fastest at T = 1024 and 2048 on the H200 (attention_bench, 2026-12-02).
     {64, DType::kBF16, "fwd w4 bc64 m2", launchForward<64, 4, 64, 2, 1, __nv_bfloat16>},
     {64, DType::kBF16, "fwd w8 bc64 lb2", launchForward<64, 8, 64, 1, 2, __nv_bfloat16>},

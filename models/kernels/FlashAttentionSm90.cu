@@ -5,9 +5,10 @@
 // four warps, and it runs asynchronously while the warps issue other work.
 //
 // Forward: one block per (NWG x 64 queries, b*h); warpgroup w owns 64 query rows. Per K/V tile of BC
-// keys (double-buffered through cp.async): S = q k^T (A = q, B = k, both K-major in shared memory),
-// masked and exponentiated in registers (online softmax), O += P v with P from registers (B = v,
-// MN-major: v's rows are the reduction index).
+// keys (double-buffered through cp.async): S = q k^T (default: A = q from registers, loaded once;
+// B = k, K-major in shared memory), masked and exponentiated in registers (online softmax; the max
+// kept until a tile raises it by more than 2^8, row max and sum reduced as trees), O += P v with P
+// from registers (B = v, MN-major: v's rows are the reduction index).
 // Backward, default (flashBackwardSm90Q128Kernel): one block of 2 warpgroups per (128 keys, b*h),
 // warpgroup w owning 64 keys, against 128-query tiles (q, dO, lse, delta double-buffered): S^T and
 // dP^T as m64n128 products, P^T packed in registers while dP^T runs, dV += P^T dO from registers,
@@ -31,14 +32,23 @@ constexpr int kD = 64;             // head dim: one 128-byte swizzled row per ti
 constexpr int kTileBytes64 = 8192;  // a 64 x 64 16-bit tile
 
 // ROWS rows of 64 elements from row `row0` of a [T, 64] slice (row stride st) into a swizzled tile;
-// rows >= rows are zero-filled.
+// rows >= rows are zero-filled. Thread tid copies chunk tid % 8 of rows tid / 8 + p * NTHREADS / 8:
+// a fixed number of passes whose swizzle (row % 8) does not change, so the destination steps by a
+// constant and the loop unrolls to a few instructions per 16 bytes (a loop starting at tid with
+// stride NTHREADS compiled to a generic loop with remainder handling: ~60 % of the forward's
+// instructions, ncu 2026-12-04).
 template <int ROWS, int NTHREADS, typename T>
 __device__ __forceinline__ void loadSwizzled(T* s, const T* g, int64_t st, int row0, int rows, int tid) {
+  constexpr int kStep = NTHREADS / 8, kPasses = (ROWS + kStep - 1) / kStep;
+  static_assert(kStep % 8 == 0, "a pass must cover whole 8-row swizzle groups");
+  const int r = tid / 8, c = tid % 8;
+  T* d = s + wg::swz(r, c);
+  const T* src = g + static_cast<int64_t>(row0 + r) * st + c * 8;
 #pragma unroll
-  for (int i = tid; i < ROWS * 8; i += NTHREADS) {
-    const int r = i / 8, c = i % 8, row = row0 + r;
-    const bool ok = row < rows;
-    cpAsync16(s + wg::swz(r, c), g + static_cast<int64_t>(ok ? row : 0) * st + c * 8, ok);
+  for (int p = 0; p < kPasses; ++p) {
+    if (ROWS % kStep != 0 && r + p * kStep >= ROWS) break;
+    const bool ok = row0 + r + p * kStep < rows;
+    cpAsync16(d + p * kStep * 64, ok ? src + static_cast<int64_t>(p * kStep) * st : g, ok);
   }
 }
 
@@ -48,20 +58,29 @@ __device__ __forceinline__ unsigned char* alignedSmem(unsigned char* raw) {
   return raw + (((a + 1023u) & ~1023u) - a);
 }
 
-template <int BC, int NWG>
+// Forward options (OPT bits): kFwdQReg keeps the warpgroup's q rows in registers as the A operand
+// of S = q k^T (register-A wgmma reads only k from shared memory: half the operand bytes of that
+// product); kFwdLazyRescale keeps a row's running max until a tile raises it by more than 8 (log2
+// domain), so O is rescaled only then (FlashAttention-4's rule: P stays below 2^8, exact after the
+// final division by l).
+// kFwdTree reduces the tile's row max and sum as trees (softmaxTile).
+constexpr int kFwdQReg = 1, kFwdLazyRescale = 2, kFwdTree = 4;
+
+template <int BC, int NWG, int OPT>
 constexpr size_t fwdSm90SmemBytes() {
-  return static_cast<size_t>(NWG * 64 + 4 * BC) * kD * 2 + 1024;
+  return static_cast<size_t>(((OPT & kFwdQReg) ? 0 : NWG * 64) + 4 * BC) * kD * 2 + 1024;
 }
 
-template <int BC, int NWG, int MINB, typename T>
+template <int BC, int NWG, int MINB, int OPT, typename T>
 __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const FwdArgs a) {
 #if MT_WGMMA
   constexpr int kThreads = NWG * 128, BR = NWG * 64, NT = BC / 8, DT = kD / 8;
+  constexpr bool kQReg = (OPT & kFwdQReg) != 0, kLazy = (OPT & kFwdLazyRescale) != 0, kTree = (OPT & kFwdTree) != 0;
   using W = wg::Wgmma<BC, T>;
   using WO = wg::Wgmma<kD, T>;
   extern __shared__ __align__(16) unsigned char smemRaw[];
   T* sQ = reinterpret_cast<T*>(alignedSmem(smemRaw));
-  T* sK = sQ + BR * kD;      // [2][BC][64]
+  T* sK = sQ + (kQReg ? 0 : BR * kD);  // [2][BC][64]
   T* sV = sK + 2 * BC * kD;  // [2][BC][64]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int grp = warp / 4, wl = warp % 4;
@@ -75,13 +94,27 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
   const T* K = static_cast<const T*>(a.k) + b * a.ksb + h * a.ksh;
   const T* V = static_cast<const T*>(a.v) + b * a.vsb + h * a.vsh;
 
-  loadSwizzled<BR, kThreads>(sQ, Q, a.qst, qBase, a.T, tid);
+  if constexpr (!kQReg) loadSwizzled<BR, kThreads>(sQ, Q, a.qst, qBase, a.T, tid);
   loadSwizzled<BC, kThreads>(sK, K, a.kst, 0, a.T, tid);
   loadSwizzled<BC, kThreads>(sV, V, a.vst, 0, a.T, tid);
   cpAsyncCommit();
 
   const int gFirst = qBase + grp * 64, gLast = gFirst + 63;  // the warpgroup's rows
   const int row0 = gFirst + wl * 16 + g;
+  // q in the A layout of the 16-column steps (rows row0 and row0 + 8; rows at or past T are 0).
+  uint32_t qa[kQReg ? kD / 16 : 1][4];
+  if constexpr (kQReg) {
+    const T* q0 = Q + static_cast<int64_t>(min(row0, a.T - 1)) * a.qst + 2 * t4;
+    const T* q1 = Q + static_cast<int64_t>(min(row0 + 8, a.T - 1)) * a.qst + 2 * t4;
+    const bool ok0 = row0 < a.T, ok1 = row0 + 8 < a.T;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      qa[kk][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int*>(q0 + kk * 16)) : 0u;
+      qa[kk][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int*>(q1 + kk * 16)) : 0u;
+      qa[kk][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int*>(q0 + kk * 16 + 8)) : 0u;
+      qa[kk][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int*>(q1 + kk * 16 + 8)) : 0u;
+    }
+  }
   float o[DT][4], s[NT][4];
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
@@ -110,12 +143,17 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
     wg::fenceOperand(s);
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) W::template ss<0, 0>(s, wg::kmajor(qg + kk * 16), wg::kmajor(k + kk * 16), kk);
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if constexpr (kQReg)
+        W::template rs<0>(s, qa[kk], wg::kmajor(k + kk * 16), kk);
+      else
+        W::template ss<0, 0>(s, wg::kmajor(qg + kk * 16), wg::kmajor(k + kk * 16), kk);
+    }
     wg::commit();
     wg::wait<0>();
     wg::fenceOperand(s);
 
-    softmaxTile(s, o, m0, m1, l0, l1, kBase, gFirst + wl * 16, g, t4, sl2);
+    softmaxTile<kLazy, kTree>(s, o, m0, m1, l0, l1, kBase, gFirst + wl * 16, g, t4, sl2);
     uint32_t pa[BC / 16][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -381,10 +419,10 @@ __device__ int gWgmmaBuilt = MT_WGMMA;
 
 }  // namespace
 
-template <int BC, int NWG, int MINB, int ORDER, typename T>
+template <int BC, int NWG, int MINB, int ORDER, int OPT, typename T>
 void launchForwardSm90(const FwdArgs& args, int B, cudaStream_t s) {
-  constexpr size_t smem = fwdSm90SmemBytes<BC, NWG>();
-  auto kernel = flashForwardSm90Kernel<BC, NWG, MINB, T>;
+  constexpr size_t smem = fwdSm90SmemBytes<BC, NWG, OPT>();
+  auto kernel = flashForwardSm90Kernel<BC, NWG, MINB, OPT, T>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   FwdArgs a = args;
@@ -426,14 +464,14 @@ bool sm90KernelsUsable() {
 // What the variant tables in FlashAttention.cu list: every shape in bf16 (the lab compares them),
 // the defaults in f16.
 #define MT_FLASH_SM90_DEFAULTS(T)                                                       \
-  template void launchForwardSm90<64, 2, 2, 1, T>(const FwdArgs&, int, cudaStream_t);     \
+  template void launchForwardSm90<64, 2, 2, 1, 7, T>(const FwdArgs&, int, cudaStream_t);  \
   template void launchBackwardSm90Q128<1, T>(const BwdArgs&, int, cudaStream_t);
 MT_FLASH_SM90_DEFAULTS(__nv_bfloat16)
 MT_FLASH_SM90_DEFAULTS(__half)
 #undef MT_FLASH_SM90_DEFAULTS
-template void launchForwardSm90<64, 2, 2, 0, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
-template void launchForwardSm90<64, 1, 4, 1, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
-template void launchForwardSm90<128, 2, 1, 1, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
+template void launchForwardSm90<64, 2, 2, 1, 3, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
+template void launchForwardSm90<64, 1, 4, 1, 7, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
+template void launchForwardSm90<64, 2, 2, 1, 0, __nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
 template void launchBackwardSm90Q128<0, __nv_bfloat16>(const BwdArgs&, int, cudaStream_t);
 
 }  // namespace mt::cuda::flash

@@ -138,19 +138,30 @@ __device__ __forceinline__ float roundTo(float x, int code) {
 // with row stride LD; rows >= T are zero-filled.
 template <int ROWS, int D, int LD, int NTHREADS, typename T>
 __device__ __forceinline__ void loadTile(T* s, const T* g, int64_t st, int row0, int rows, int tid) {
-  constexpr int kChunksPerRow = D / 8, kTotal = ROWS * kChunksPerRow;
+  // A fixed number of passes, each thread on one chunk column (a loop starting at tid compiles to
+  // a generic loop with remainder handling).
+  constexpr int kChunksPerRow = D / 8, kTotal = ROWS * kChunksPerRow, kPasses = (kTotal + NTHREADS - 1) / NTHREADS;
+  static_assert(NTHREADS % kChunksPerRow == 0, "a pass must keep each thread on one chunk column");
+  constexpr int kStep = NTHREADS / kChunksPerRow;
+  const int r = tid / kChunksPerRow, c = tid % kChunksPerRow;
 #pragma unroll
-  for (int i = tid; i < kTotal; i += NTHREADS) {
-    const int r = i / kChunksPerRow, c = i % kChunksPerRow, row = row0 + r;
+  for (int p = 0; p < kPasses; ++p) {
+    if (kTotal % NTHREADS != 0 && r + p * kStep >= ROWS) break;
+    const int row = row0 + r + p * kStep;
     const bool ok = row < rows;
-    cpAsync16(s + r * LD + c * 8, g + static_cast<int64_t>(ok ? row : 0) * st + c * 8, ok);
+    cpAsync16(s + (r + p * kStep) * LD + c * 8, g + static_cast<int64_t>(ok ? row : 0) * st + c * 8, ok);
   }
 }
 // N floats (N % 4 == 0) starting at element i0 of a row padded to a multiple of 4; chunks starting
 // at or past `valid` are zero-filled.
 template <int N, int NTHREADS>
 __device__ __forceinline__ void loadFloats(float* s, const float* g, int i0, int valid, int tid) {
-  for (int c = tid; c < N / 4; c += NTHREADS) {
+  // A fixed number of passes (see loadSwizzled in FlashAttentionSm90.cu for why).
+  constexpr int kPasses = (N / 4 + NTHREADS - 1) / NTHREADS;
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int c = tid + p * NTHREADS;
+    if ((N / 4) % NTHREADS != 0 && c >= N / 4) break;
     const bool ok = i0 + 4 * c < valid;
     cpAsync16(s + 4 * c, g + (ok ? i0 + 4 * c : 0), ok);
   }
@@ -195,7 +206,21 @@ inline dim3 tileGrid(int tileMajor, int BH, int nTiles) {
 // One key tile of the forward's online softmax for a 16-row block (rows rowBase + g and + 8): S
 // (mma-layout accumulator over the tile's keys kBase..) masked where key > row, the running row max
 // m (log2 domain) and sum l updated, O rescaled, and S replaced by P = exp2(sl2 S - m).
-template <int NT, int DT>
+// LAZY: a row keeps its max until this tile's exceeds it by more than kLazyMax (log2 domain), and
+// the warp rescales O only when some row moved (FlashAttention-4's rule); P then stays below
+// 2^kLazyMax and the result is the same after the final division by l.
+constexpr float kLazyMax = 8.f;
+// TREE: the row max and the row sum of the tile as pairwise trees (depth log2 of the terms) instead
+// of one chain through all of them: the same max, sums in another order.
+template <int N, typename F>
+__device__ __forceinline__ float treeReduce(float (&v)[N], F op) {
+#pragma unroll
+  for (int w = 1; w < N; w *= 2)
+#pragma unroll
+    for (int i = 0; i + w < N; i += 2 * w) v[i] = op(v[i], v[i + w]);
+  return v[0];
+}
+template <bool LAZY = false, bool TREE = false, int NT, int DT>
 __device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1, float& l0,
                                             float& l1, int kBase, int rowBase, int g, int t4, float sl2) {
   const int row0 = rowBase + g, row1 = row0 + 8;
@@ -210,10 +235,18 @@ __device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4]
     }
   }
   float mx0 = -INFINITY, mx1 = -INFINITY;
+  if constexpr (TREE) {
+    float a[NT], b[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-    mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    for (int nt = 0; nt < NT; ++nt) a[nt] = fmaxf(s[nt][0], s[nt][1]), b[nt] = fmaxf(s[nt][2], s[nt][3]);
+    const auto mx = [](float x, float y) { return fmaxf(x, y); };
+    mx0 = treeReduce(a, mx), mx1 = treeReduce(b, mx);
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
   }
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -221,14 +254,19 @@ __device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4]
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
   const float n0 = fmaxf(m0, mx0 * sl2), n1 = fmaxf(m1, mx1 * sl2);
   // A row with nothing visible yet keeps -inf; use 0 so exp2 stays finite (all its p are 0).
-  const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
-  const float alpha0 = fastExp2(m0 - u0), alpha1 = fastExp2(m1 - u1);
-  m0 = n0, m1 = n1;
-  l0 *= alpha0, l1 *= alpha1;
+  float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+  // m == -inf (nothing seen yet) compares as a jump of +inf: the first tile always sets the max.
+  if (!LAZY || __any_sync(0xffffffffu, n0 - m0 > kLazyMax || n1 - m1 > kLazyMax)) {
+    const float alpha0 = fastExp2(m0 - u0), alpha1 = fastExp2(m1 - u1);
+    m0 = n0, m1 = n1;
+    l0 *= alpha0, l1 *= alpha1;
 #pragma unroll
-  for (int dt = 0; dt < DT; ++dt) {
-    o[dt][0] *= alpha0, o[dt][1] *= alpha0;
-    o[dt][2] *= alpha1, o[dt][3] *= alpha1;
+    for (int dt = 0; dt < DT; ++dt) {
+      o[dt][0] *= alpha0, o[dt][1] *= alpha0;
+      o[dt][2] *= alpha1, o[dt][3] *= alpha1;
+    }
+  } else {
+    u0 = m0 == -INFINITY ? 0.f : m0, u1 = m1 == -INFINITY ? 0.f : m1;
   }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -236,8 +274,17 @@ __device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4]
     s[nt][1] = fastExp2(fmaf(s[nt][1], sl2, -u0));
     s[nt][2] = fastExp2(fmaf(s[nt][2], sl2, -u1));
     s[nt][3] = fastExp2(fmaf(s[nt][3], sl2, -u1));
-    l0 += s[nt][0] + s[nt][1];
-    l1 += s[nt][2] + s[nt][3];
+    if constexpr (!TREE) {
+      l0 += s[nt][0] + s[nt][1];
+      l1 += s[nt][2] + s[nt][3];
+    }
+  }
+  if constexpr (TREE) {
+    float a[NT], b[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) a[nt] = s[nt][0] + s[nt][1], b[nt] = s[nt][2] + s[nt][3];
+    const auto add = [](float x, float y) { return x + y; };
+    l0 += treeReduce(a, add), l1 += treeReduce(b, add);
   }
 }
 
@@ -292,7 +339,8 @@ __device__ __forceinline__ void storeKeyGrads(const BwdArgs& a, int b, int h, in
 // wgmma kernels (FlashAttentionSm90.cu), head dim 64: explicitly instantiated there for bf16 and f16.
 // Forward: NWG warpgroups of 64 queries per block, BC keys per tile.
 // ORDER: 1 = tile-major grid (blockTile), 0 = b*h fastest.
-template <int BC, int NWG, int MINB, int ORDER, typename T>
+// OPT: kFwdQReg (1) | kFwdLazyRescale (2), see FlashAttentionSm90.cu.
+template <int BC, int NWG, int MINB, int ORDER, int OPT, typename T>
 void launchForwardSm90(const FwdArgs& a, int B, cudaStream_t s);
 // Backward with 2 warpgroups of 64 keys against 128-query tiles, dQ over the block's 128 keys.
 template <int ORDER, typename T>
