@@ -8,9 +8,8 @@
 
 #ifdef MT_WITH_CUDA
 #include "comm/kernels/CudaCompression.h"
-#include "models/kernels/CudaGemm.h"
-#include "models/kernels/CudaLayers.h"
-#include "models/kernels/CudaOptim.h"
+#include "core/cuda/CudaGemm.h"
+#include "core/cuda/CudaOptim.h"
 #endif
 
 namespace mt {

@@ -8,7 +8,7 @@
 
 #include "core/Convert.h"  // convertInto: the casts around a 16-bit all-reduce
 #include "core/Tensor.h"
-#include "models/layers/Gemm.h"
+#include "core/Gemm.h"
 
 namespace mt {
 

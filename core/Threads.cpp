@@ -1,6 +1,7 @@
 #include "core/Threads.h"
 
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,13 +24,24 @@ void setNumThreads(int n) {
   gThreads = n;
 }
 
-int numThreads() { return gThreads; }
+int numThreads() {
+  return gThreads;
+}
+
+int affinityCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  return CPU_COUNT(&set);
+}
 
 int defaultNumThreads(int ranksOnNode) {
   int64_t env = envInt(EnvParam::kNumThreads);
   if (env > 0) return static_cast<int>(env);
   int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, hw / std::max(1, ranksOnNode));
+  int n = std::max(1, hw / std::max(1, ranksOnNode));
+  const int bound = affinityCores();
+  return bound > 0 ? std::min(n, bound) : n;
 }
 
 }  // namespace mt

@@ -7,7 +7,10 @@ namespace mt {
 // Sets OpenBLAS and OpenMP to n threads (n >= 1).
 void setNumThreads(int n);
 int numThreads();
-// MT_NUM_THREADS if set, else max(1, hardware threads / ranksOnNode).
+// MT_NUM_THREADS if set, else max(1, hardware threads / ranksOnNode), but no more than the cores
+// this process may run on (a launcher that binds a rank to k cores: more threads would share them).
 int defaultNumThreads(int ranksOnNode);
+// The cores this process may run on (its affinity mask); 0 when unknown.
+int affinityCores();
 
 }  // namespace mt

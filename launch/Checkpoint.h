@@ -17,7 +17,7 @@
 
 #include "comm/Communicator.h"
 #include "core/ParamTable.h"
-#include "models/optim/Optimizer.h"
+#include "core/optim/Optimizer.h"
 
 namespace mt {
 

@@ -161,6 +161,9 @@ const std::vector<ConfigKey>& configSchema() {
       choice("sharding.strategy", "no_shard", choicesOf(shardStrategies())),
       choice("sharding.offload", "none",
              {{"none", ""}, {"cpu", "master shards and optimizer state in host memory, step on the CPU"}}),
+      boolean("sharding.delayed_update", "false",
+              "offload = cpu: the CPU step of one iteration runs during the next one's forward and backward, "
+              "which use the parameters one step older (DeepSpeed's delayed parameter update)"),
       integer("sharding.prefetch_limit", "2", atLeast(1), "units gathered at once (the current one and the prefetched)"),
       choice("sharding.param_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype parameters are all-gathered in"),
       choice("sharding.reduce_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype gradients are reduce-scattered in"),

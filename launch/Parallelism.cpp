@@ -3,7 +3,7 @@
 #include "comm/Hierarchy.h"
 #include "core/Allocator.h"
 #include "core/Timer.h"
-#include "models/optim/GradClip.h"
+#include "core/optim/GradClip.h"
 
 namespace mt {
 
@@ -102,7 +102,8 @@ class Sharded final : public Parallelism {
       shardComm = &groups_->intra();
       replicaComm = &groups_->inter();
     }
-    engine_ = std::make_unique<ShardedEngine>(model, *shardComm, replicaComm, s.sharding, s.optim);
+    engine_ = std::make_unique<ShardedEngine>(model.params(), *shardComm, replicaComm, s.sharding, s.optim,
+                                              [&model] { return model.activationBytes(); });
     model.setHooks(engine_.get());
   }
   ~Sharded() override {

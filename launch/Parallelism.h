@@ -18,7 +18,7 @@
 #include "launch/Config.h"
 #include "launch/Settings.h"
 #include "models/Model.h"
-#include "models/optim/Optimizer.h"
+#include "core/optim/Optimizer.h"
 #include "sharding/ShardedEngine.h"
 
 namespace mt {

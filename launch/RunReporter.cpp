@@ -93,26 +93,29 @@ void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
 
 void RunReporter::memory(int64_t step, const MemoryAccount& m, const std::string& strategy, int64_t numParams) {
   const int W = world_.size();
-  Tensor mine = Tensor::empty({6}, DType::kI64), all = Tensor::empty({6 * W}, DType::kI64);
-  const int64_t v[6] = {m.paramBytes, m.gradBytes, m.optimizerBytes, m.gatheredPeakBytes, m.activationPeakBytes,
-                        m.devicePeakBytes};
-  std::copy(v, v + 6, mine.data<int64_t>());
+  constexpr int kCols = 7;
+  Tensor mine = Tensor::empty({kCols}, DType::kI64), all = Tensor::empty({kCols * W}, DType::kI64);
+  const int64_t v[kCols] = {m.paramBytes,          m.gradBytes,         m.optimizerBytes, m.gatheredPeakBytes,
+                            m.activationPeakBytes, m.devicePeakBytes, m.hostBytes};
+  std::copy(v, v + kCols, mine.data<int64_t>());
   world_.allGather(mine, all)->wait(world_.timeout());
   if (world_.rank() != 0) return;
   nlohmann::json j = {{"type", "memory"}, {"step", step}, {"strategy", strategy}, {"parameters", numParams}};
-  const char* names[6] = {"param_bytes", "grad_bytes", "optimizer_bytes", "gathered_peak_bytes",
-                          "activation_peak_bytes", "allocator_peak_bytes"};
-  for (int k = 0; k < 6; ++k) {
+  // host_bytes: the part of param/grad/optimizer bytes in host memory (sharding.offload = cpu).
+  const char* names[kCols] = {"param_bytes",           "grad_bytes",           "optimizer_bytes", "gathered_peak_bytes",
+                              "activation_peak_bytes", "allocator_peak_bytes", "host_bytes"};
+  for (int k = 0; k < kCols; ++k) {
     nlohmann::json col = nlohmann::json::array();
-    for (int r = 0; r < W; ++r) col.push_back(all.data<int64_t>()[6 * r + k]);
+    for (int r = 0; r < W; ++r) col.push_back(all.data<int64_t>()[kCols * r + k]);
     j[names[k]] = col;
   }
   metrics_.write(j);
   MT_LOG_INFO << "memory per rank (rank 0, " << strategy << "): params " << formatBytes(m.paramBytes) << ", grads "
               << formatBytes(m.gradBytes) << ", optimizer " << formatBytes(m.optimizerBytes) << " (persistent "
               << formatBytes(m.persistent()) << " = "
-              << static_cast<double>(m.persistent()) / static_cast<double>(numParams)
-              << " bytes/parameter), gathered peak " << formatBytes(m.gatheredPeakBytes) << ", activations peak "
+              << static_cast<double>(m.persistent()) / static_cast<double>(numParams) << " bytes/parameter"
+              << (m.hostBytes > 0 ? ", " + formatBytes(m.hostBytes) + " of it in host memory" : std::string())
+              << "), gathered peak " << formatBytes(m.gatheredPeakBytes) << ", activations peak "
               << formatBytes(m.activationPeakBytes) << ", allocator peak " << formatBytes(m.devicePeakBytes);
 }
 

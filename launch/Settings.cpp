@@ -145,6 +145,9 @@ Settings Settings::fromConfig(const Config& c) {
   s.sharding.reduceDtype = enumOf(c, "sharding.reduce_dtype", dtypes());
   if (s.sharding.offloadCpu && s.sharding.strategy == ShardStrategy::kNoShard)
     c.fail("sharding.offload", "needs a sharded strategy (full_shard, shard_grad_op or hybrid_shard)");
+  s.sharding.delayedUpdate = c.flag("sharding.delayed_update");
+  if (s.sharding.delayedUpdate && !s.sharding.offloadCpu)
+    c.fail("sharding.delayed_update", "needs sharding.offload = cpu (it overlaps the CPU step)");
   if (co.method != CompressionMethod::kNone && s.sharding.strategy != ShardStrategy::kNoShard)
     c.fail("compression.method", "compresses the data-parallel all-reduce; sharded strategies reduce-scatter "
                                  "uncompressed (use sharding.reduce_dtype = bf16 to halve their traffic)");

@@ -15,8 +15,8 @@
 #include "sharding/ShardedEngine.h"
 #include "models/ModelConfig.h"
 #include "models/gpt/Gpt.h"
-#include "models/optim/LrSchedule.h"
-#include "models/optim/Optimizer.h"
+#include "core/optim/LrSchedule.h"
+#include "core/optim/Optimizer.h"
 
 namespace mt {
 

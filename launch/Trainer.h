@@ -24,8 +24,8 @@
 #include "launch/Task.h"
 #include "launch/TopologySetup.h"
 #include "models/Model.h"
-#include "models/optim/LossScaler.h"
-#include "models/optim/LrSchedule.h"
+#include "core/optim/LossScaler.h"
+#include "core/optim/LrSchedule.h"
 
 namespace mt {
 
@@ -40,6 +40,7 @@ class Trainer {
   const std::string& runDir() const { return runDir_; }
 
  private:
+  void warnIfBoundNarrowly() const;
   void setupDevice();
   void setupComm();
   void setupData();

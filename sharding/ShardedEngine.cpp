@@ -5,7 +5,7 @@
 #include "comm/CompressionOps.h"
 #include "core/Convert.h"
 #include "core/Log.h"
-#include "models/optim/GradClip.h"
+#include "core/optim/GradClip.h"
 
 #ifdef MT_WITH_CUDA
 #include "core/cuda/CudaRuntime.h"
@@ -48,9 +48,14 @@ Allocator& hostAllocatorFor(Device device) {
 
 }  // namespace
 
-ShardedEngine::ShardedEngine(Model& model, Communicator& shardComm, Communicator* replicaComm,
-                             ShardingOptions options, const OptimConfig& optim)
-    : model_(model), table_(model.params()), shardComm_(shardComm), replicaComm_(replicaComm), opt_(options) {
+ShardedEngine::ShardedEngine(ParamTable& params, Communicator& shardComm, Communicator* replicaComm,
+                             ShardingOptions options, const OptimConfig& optim,
+                             std::function<int64_t()> activationBytes)
+    : activationBytes_(std::move(activationBytes)),
+      table_(params),
+      shardComm_(shardComm),
+      replicaComm_(replicaComm),
+      opt_(options) {
   MT_CHECK(opt_.strategy != ShardStrategy::kNoShard, "no_shard goes through DataParallel");
   MT_CHECK(opt_.strategy != ShardStrategy::kHybridShard || replicaComm_, "hybrid_shard needs a replica group");
   MT_CHECK(table_.materialized() && !table_.storageReleased(), "sharding needs the initialised parameters");
@@ -89,7 +94,8 @@ ShardedEngine::ShardedEngine(Model& model, Communicator& shardComm, Communicator
     }
     unit.gradShard = Tensor::zeros({unit.shard}, opt_.reduceDtype, device_);
     if (opt_.offloadCpu) {
-      unit.gradShardHost = Tensor::empty({unit.shard}, DType::kF32, optAlloc);
+      // On a GPU the shard comes down as it is (the CPU step reads bf16 gradients); else in f32.
+      unit.gradShardHost = Tensor::empty({unit.shard}, device_.isCuda() ? opt_.reduceDtype : DType::kF32, optAlloc);
       unit.gradShardHost.zero_();
     }
     units_.push_back(std::move(unit));
@@ -110,10 +116,12 @@ ShardedEngine::ShardedEngine(Model& model, Communicator& shardComm, Communicator
   }
   optimizer_ = makeOptimizer(optim, segments);
   table_.releaseStorage();
+  if (opt_.offloadCpu && device_.isCuda()) startOffload();
   measureMemory();
 }
 
 ShardedEngine::~ShardedEngine() {
+  stopOffload();
   for (auto& u : units_)
     if (u.gatherWork && !u.gatherWork->isCompleted()) {
       try {
@@ -128,7 +136,16 @@ bool ShardedEngine::isReplicaWriter() const {
   return opt_.strategy != ShardStrategy::kHybridShard || !replicaComm_ || replicaComm_->rank() == 0;
 }
 
+Optimizer& ShardedEngine::optimizer() {
+  if (off_) settleHostGrads();
+  return *optimizer_;
+}
+
 void ShardedEngine::refreshGatherCopies() {
+  if (off_) {
+    uploadAllParams();
+    return;
+  }
   for (auto& u : units_) {
     if (u.gatherCopy.sharesStorageWith(u.master)) continue;
     if (u.master.device() == u.gatherCopy.device() || u.gatherCopy.dtype() == DType::kF32) {
@@ -163,6 +180,7 @@ void ShardedEngine::trackGathered() {
 void ShardedEngine::issueGather(int ui) {
   Unit& u = units_[static_cast<size_t>(ui)];
   if (u.gatherIssued) return;
+  awaitParams(ui);  // offload: this unit's update is on the device (or on its way, stream-ordered)
   u.gathered = Tensor::empty({u.numel}, DType::kF32, device_);
   if (opt_.paramDtype != DType::kF32) {
     u.gatheredLow = Tensor::empty({u.numel}, opt_.paramDtype, device_);
@@ -222,7 +240,7 @@ void ShardedEngine::afterUnitForward(int u) {
 
 void ShardedEngine::beforeUnitBackward(int ui) {
   inBackward_ = true;
-  memory_.activationPeakBytes = std::max(memory_.activationPeakBytes, model_.activationBytes());
+  if (activationBytes_) memory_.activationPeakBytes = std::max(memory_.activationPeakBytes, activationBytes_());
   issueGather(ui);
   waitGather(ui);
   Unit& u = units_[static_cast<size_t>(ui)];
@@ -248,6 +266,7 @@ void ShardedEngine::afterUnitBackward(int ui) {
   }
   u.reduceWork = shardComm_.reduceScatter(u.gradFull, *dst, ReduceOp::kAvg);
   release(ui);
+  copyReadyGradsDown();  // offload: shards whose reduction finished start down now
 }
 
 void ShardedEngine::setMicroStep(int k, int count) {
@@ -276,7 +295,9 @@ void ShardedEngine::finishBackward() {
   microStep_ = 0;
   microSteps_ = 1;
   for (auto& u : units_) u.gradScratch = Tensor();
-  if (opt_.offloadCpu) {
+  if (off_) {
+    finishOffloadBackward();
+  } else if (opt_.offloadCpu) {
     // Gradient shards go down to the host, where the optimizer runs (converted to f32 there).
     for (auto& u : units_) {
       if (u.gradShard.dtype() == DType::kF32) {
@@ -291,12 +312,17 @@ void ShardedEngine::finishBackward() {
 }
 
 double ShardedEngine::clipGradNorm(float maxNorm) {
+  if (off_) return clipOffloaded(maxNorm);
   // Shards are disjoint over the shard group; replicas hold copies, so they are not added.
   return mt::clipGradNorm(optimizer_->segments(), maxNorm,
                           [this](double s) { return shardComm_.allReduceScalar(s, ReduceOp::kSum); });
 }
 
 void ShardedEngine::step(float lr) {
+  if (off_) {
+    stepOffloaded(lr);  // returns while the CPU steps; the next gathers wait unit by unit
+    return;
+  }
   optimizer_->step(lr);
   refreshGatherCopies();
 }
@@ -313,9 +339,16 @@ MemoryAccount ShardedEngine::measureMemory() {
     m.paramBytes += static_cast<int64_t>(u.master.nbytes());
     if (!u.gatherCopy.sharesStorageWith(u.master)) m.paramBytes += static_cast<int64_t>(u.gatherCopy.nbytes());
     m.gradBytes += static_cast<int64_t>(u.gradShard.nbytes());
-    if (u.gradShardHost.defined()) m.gradBytes += static_cast<int64_t>(u.gradShardHost.nbytes());
+    if (u.gradShardHost.defined()) m.gradBytes += static_cast<int64_t>(u.gradShardHost.nbytes()) * (opt_.delayedUpdate ? 2 : 1);
   }
   m.optimizerBytes = optimizer_->stateBytes();
+  m.hostBytes = 0;
+  if (opt_.offloadCpu && device_.isCuda()) {  // the GPU keeps only the gather copies and gradient shards
+    for (const auto& u : units_)
+      m.hostBytes += static_cast<int64_t>(u.master.nbytes()) +
+                     static_cast<int64_t>(u.gradShardHost.nbytes()) * (opt_.delayedUpdate ? 2 : 1);
+    m.hostBytes += m.optimizerBytes;
+  }
   m.devicePeakBytes = allocatorFor(device_).stats().peakAllocatedBytes;
   return m;
 }

@@ -22,14 +22,16 @@
 // The optimizer's segments carry their global offsets, so sharded checkpoints load into any world
 // size and any strategy (launch/Checkpoint).
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/Communicator.h"
 #include "core/EnumTable.h"
-#include "models/Model.h"
-#include "models/optim/Optimizer.h"
+#include "core/ModelHooks.h"
+#include "core/ParamTable.h"
+#include "core/optim/Optimizer.h"
 
 namespace mt {
 
@@ -43,6 +45,7 @@ inline const char* shardStrategyName(ShardStrategy s) { return enumName(shardStr
 struct ShardingOptions {
   ShardStrategy strategy = ShardStrategy::kFullShard;
   bool offloadCpu = false;
+  bool delayedUpdate = false;       // offload: step i's CPU update overlaps step i+1 (one step stale)
   int prefetchLimit = 2;            // units gathered at once
   DType paramDtype = DType::kF32;   // all-gathered parameters (f32 or bf16)
   DType reduceDtype = DType::kF32;  // reduce-scattered gradients (f32 or bf16)
@@ -55,16 +58,19 @@ struct MemoryAccount {
   int64_t gatheredPeakBytes = 0;  // unsharded unit parameters and gradients alive at once
   int64_t activationPeakBytes = 0;
   int64_t devicePeakBytes = 0;    // the allocator's peak (GPU) or the CPU allocator's peak
+  int64_t hostBytes = 0;  // of the persistent bytes, those in host memory (offload: master, grads, state)
   int64_t persistent() const { return paramBytes + gradBytes + optimizerBytes; }
 };
 
 class ShardedEngine final : public ModelHooks {
  public:
-  // shardComm: the group a unit is sharded over (the world, or the node for hybrid_shard);
-  // replicaComm: across replicas (hybrid_shard only; null otherwise). Takes the model's already
-  // initialised parameters, keeps this rank's shards and releases the full copy.
-  ShardedEngine(Model& model, Communicator& shardComm, Communicator* replicaComm, ShardingOptions options,
-                const OptimConfig& optim);
+  // params: the model's parameter table, already initialised; the engine keeps this rank's shards
+  // and releases the full copy. shardComm: the group a unit is sharded over (the world, or the node
+  // for hybrid_shard); replicaComm: across replicas (hybrid_shard only; null otherwise).
+  // activationBytes: the model's live activation bytes, read as backward starts for the memory
+  // record (null: not recorded). The engine sees the model only through these and the hooks.
+  ShardedEngine(ParamTable& params, Communicator& shardComm, Communicator* replicaComm, ShardingOptions options,
+                const OptimConfig& optim, std::function<int64_t()> activationBytes = nullptr);
   ~ShardedEngine() override;
 
   void beforeUnitForward(int unit) override;
@@ -91,7 +97,9 @@ class ShardedEngine final : public ModelHooks {
   // After evaluation forwards (no backward): free what the forwards left gathered.
   void releaseAll();
 
-  Optimizer& optimizer() { return *optimizer_; }
+  // The optimizer, its segments' gradients readable on the host (with offload: after the pending
+  // CPU step and gradient copies; the loss scaler and checkpoints come through here).
+  Optimizer& optimizer();
   const MemoryAccount& memory() const { return memory_; }
   MemoryAccount measureMemory();
   // After the optimizer state or master shards were overwritten (checkpoint load).
@@ -123,6 +131,29 @@ class ShardedEngine final : public ModelHooks {
     std::shared_ptr<Work> reduceWork;
   };
 
+  // ZeRO-Offload on a GPU (sharding/ShardedOffload.cpp): gradient shards copied down as their
+  // reductions finish, the CPU step on a worker thread unit by unit, each unit's parameter shard
+  // copied up behind it; a unit's next all-gather waits for that unit only.
+  struct Offload;
+  struct OffloadDeleter {
+    void operator()(Offload* o) const noexcept;  // defined where Offload is
+  };
+  void startOffload();
+  void stopOffload() noexcept;
+  void offloadWorker();
+  void uploadParams(int u);
+  void uploadAllParams();
+  Tensor& gradTarget(int u);
+  void copyGradDown(int u);
+  void copyReadyGradsDown();
+  void finishOffloadBackward();
+  void bindHostGrads(int buffer);
+  void settle();           // the worker idle (its error rethrown here)
+  void settleHostGrads();  // settle() and this iteration's gradients on the host
+  void awaitParams(int u);
+  double clipOffloaded(float maxNorm);
+  void stepOffloaded(float lr);
+
   void issueGather(int u);
   void waitGather(int u);
   void bindValues(int u);
@@ -131,7 +162,7 @@ class ShardedEngine final : public ModelHooks {
   void trackGathered();
 
   int microStep_ = 0, microSteps_ = 1;
-  Model& model_;
+  std::function<int64_t()> activationBytes_;
   ParamTable& table_;
   Communicator& shardComm_;
   Communicator* replicaComm_;
@@ -141,6 +172,7 @@ class ShardedEngine final : public ModelHooks {
   std::unique_ptr<Optimizer> optimizer_;
   MemoryAccount memory_;
   bool inBackward_ = false;
+  std::unique_ptr<Offload, OffloadDeleter> off_;  // last: its worker stops before the units go
 };
 
 }  // namespace mt

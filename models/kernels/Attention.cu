@@ -10,7 +10,7 @@
 
 #include "core/Convert.h"
 #include "core/cuda/CudaRuntime.h"
-#include "models/kernels/CudaGemm.h"
+#include "core/cuda/CudaGemm.h"
 #include "models/kernels/CudaLayers.h"
 #include "models/kernels/FlashAttention.h"
 #include "core/cuda/KernelUtil.cuh"

@@ -19,6 +19,7 @@
 #include "core/EnvParams.h"
 #include "core/Log.h"
 #include "core/cuda/CudaRuntime.h"
+#include "core/cuda/PlanCache.h"
 #include "models/kernels/CudaLayers.h"
 #include "core/cuda/KernelUtil.cuh"
 
@@ -46,28 +47,18 @@ struct ConvPlan {
   cudnnConvolutionBwdDataAlgo_t bwdData{};
   cudnnConvolutionBwdFilterAlgo_t bwdFilter{};
   size_t fwdWs = 0, bwdDataWs = 0, bwdFilterWs = 0;
-};
-
-// The plans of one CudaRuntime (its cuDNN handle chose their algorithms), kept in its components
-// and destroyed with it.
-struct ConvPlans {
-  std::mutex mutex;
-  std::map<ConvKey, ConvPlan> plans;
-  ConvPlans() = default;
-  ConvPlans(const ConvPlans&) = delete;
-  ConvPlans& operator=(const ConvPlans&) = delete;
-  ~ConvPlans() {
-    for (auto& kv : plans) {
-      ConvPlan& p = kv.second;
-      if (p.x) cudnnDestroyTensorDescriptor(p.x);
-      if (p.y) cudnnDestroyTensorDescriptor(p.y);
-      if (p.bias) cudnnDestroyTensorDescriptor(p.bias);
-      if (p.w) cudnnDestroyFilterDescriptor(p.w);
-      if (p.conv) cudnnDestroyConvolutionDescriptor(p.conv);
-      if (p.relu) cudnnDestroyActivationDescriptor(p.relu);
-    }
+  void release() noexcept {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (bias) cudnnDestroyTensorDescriptor(bias);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (relu) cudnnDestroyActivationDescriptor(relu);
   }
 };
+
+// The plans of one CudaRuntime (its cuDNN handle chose their algorithms).
+using ConvPlans = PlanCache<ConvKey, ConvPlan>;
 
 // The first usable entry: results come fastest first (Find) or in heuristic order. Measured
 // choices are held to deterministic algorithms so that two runs of one configuration give the

@@ -3,12 +3,9 @@
 // models/layers/*.h, which dispatch here for CUDA tensors). Launchers run on the current stream.
 
 #include "core/Tensor.h"
-#include "models/layers/Activation.h"
-#include "models/layers/Attention.h"
-#include "models/layers/Conv2d.h"
-#include "models/layers/ImageInput.h"
-#include "models/layers/MaxPool2d.h"
-#include "models/layers/SoftmaxCrossEntropy.h"
+#include "models/layers/Attention.h"            // AttentionSaved
+#include "models/layers/KernelTypes.h"          // geometry, GeluKind, ImageOutput
+#include "models/layers/SoftmaxCrossEntropy.h"  // LossStats, LossSink
 
 namespace mt::cuda {
 

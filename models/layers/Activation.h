@@ -7,10 +7,9 @@
 // dx is overwritten; there are no parameters.
 
 #include "models/Module.h"
+#include "models/layers/KernelTypes.h"
 
 namespace mt {
-
-enum class GeluKind { kTanh, kErf };
 
 void reluForward(Tensor& y, const Tensor& x);
 void reluBackward(Tensor& dx, const Tensor& dy, const Tensor& y);

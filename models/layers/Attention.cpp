@@ -6,7 +6,7 @@
 
 #include "core/Parallel.h"
 #include "models/kernels/Dispatch.h"
-#include "models/layers/Gemm.h"
+#include "core/Gemm.h"
 
 namespace mt {
 

@@ -7,7 +7,7 @@
 #include "models/Init.h"
 #include "models/kernels/Dispatch.h"
 #include "models/layers/Activation.h"
-#include "models/layers/Gemm.h"
+#include "core/Gemm.h"
 
 namespace mt {
 

@@ -15,17 +15,10 @@
 // Layout NHWC: x [N,H,W,C], W [O,KH,KW,C], y [N,OH,OW,O].
 
 #include "models/Module.h"
+#include "models/layers/KernelTypes.h"
 #include "models/layers/Layout.h"
 
 namespace mt {
-
-struct Conv2dGeometry {
-  Layout layout = Layout::kNHWC;
-  int64_t N = 0, C = 0, H = 0, W = 0, O = 0, KH = 0, KW = 0, stride = 1, pad = 0, OH = 0, OW = 0;
-  static Conv2dGeometry make(Layout layout, const Shape& x, int64_t O, int64_t k, int64_t stride, int64_t pad);
-  int64_t K() const { return C * KH * KW; }
-  int64_t positions() const { return N * OH * OW; }
-};
 
 // col must hold g.positions() * g.K() floats; it is an output of forward and an input of backward.
 void conv2dForward(Tensor& y, Tensor& col, const Tensor& x, const Tensor& w, const Tensor* b,

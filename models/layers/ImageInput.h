@@ -6,11 +6,10 @@
 // Already-f32 inputs (tests, other datasets) are taken as normalised and only re-laid out.
 
 #include "models/Module.h"
+#include "models/layers/KernelTypes.h"
 #include "models/layers/Layout.h"
 
 namespace mt {
-
-enum class ImageOutput { kNHWC, kNCHW, kFlat };
 
 void imageInputForward(Tensor& y, const Tensor& x, float mean, float stddev, ImageOutput out);
 

@@ -6,7 +6,7 @@
 #include "models/Init.h"
 #include "models/kernels/Dispatch.h"
 #include "models/layers/Activation.h"
-#include "models/layers/Gemm.h"
+#include "core/Gemm.h"
 #include "models/layers/Precision.h"
 
 namespace mt {

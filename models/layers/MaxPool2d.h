@@ -7,15 +7,10 @@
 // NCHW or NHWC like the convolutions.
 
 #include "models/Module.h"
+#include "models/layers/KernelTypes.h"
 #include "models/layers/Layout.h"
 
 namespace mt {
-
-struct PoolGeometry {
-  Layout layout = Layout::kNHWC;
-  int64_t N = 0, C = 0, H = 0, W = 0, k = 2, stride = 2, OH = 0, OW = 0;
-  static PoolGeometry make(Layout layout, const Shape& x, int64_t k, int64_t stride);
-};
 
 void maxPool2dForward(Tensor& y, Tensor* argmax, const Tensor& x, const PoolGeometry& g);
 void maxPool2dBackward(Tensor& dx, const Tensor& dy, const Tensor& argmax, const PoolGeometry& g);

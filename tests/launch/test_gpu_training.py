@@ -4,6 +4,8 @@
    curve of the same global batch (50 steps, relative 1e-4);
  - the uvm and device data feeds give the pinned feed's losses; compressed all-reduce trains;
  - f16 with dynamic loss scaling trains;
+ - sharding.offload = cpu (the pipelined ZeRO-Offload) matches the CPU curve, with a clip too, and
+   its delayed parameter update trains;
  - configs/fashion_cnn.ini reaches >= 0.91 test accuracy on the GPU (samples/s printed)."""
 import json
 import os
@@ -75,6 +77,49 @@ class GpuTraining(unittest.TestCase):
         # uvm and device feeds deliver the same batches as the default pinned one.
         self.matches_cpu("uvm", 1, ["--data.feed=uvm"])
         self.matches_cpu("device", 1, ["--data.feed=device"])
+
+    def test_offload_pipeline_matches_cpu(self):
+        # ZeRO-Offload's pipeline: gradient shards copied down during backward, the CPU step on a
+        # worker unit by unit, parameter shards uploaded behind it (packed to bf16 on the host for
+        # bf16 gathers is covered by the GPT run below; f32 here so the CPU curve holds to 1e-4).
+        self.matches_cpu("offload_mpi2", 2, ["--dist.backend=mpi", "--sharding.strategy=full_shard",
+                                             "--sharding.offload=cpu"])
+        # One rank on the local backend (an explicit 1-rank NCCL sharded run drifts from the CPU
+        # curve with or without offload, 2026-12-04: under investigation, see docs/performance.md).
+        self.matches_cpu("offload_local1", 1, ["--sharding.strategy=shard_grad_op", "--sharding.offload=cpu"])
+        # The clip's norm from the device shards, deferred into the CPU step: the same curve as
+        # clipping on the CPU (a clip small enough to act on every step).
+        clip = ["--train.grad_clip=0.05"]
+        run(1, self.BASE + clip + [f"--run.dir={self.tmp.name}", "--run.name=cpu_clip"])
+        ref = losses(self.tmp.name, "cpu_clip")
+        run(1, self.BASE + clip + [f"--run.dir={self.tmp.name}", "--run.name=offload_clip", "--train.device=cuda",
+                                   "--sharding.strategy=full_shard", "--sharding.offload=cpu"])
+        got = losses(self.tmp.name, "offload_clip")
+        worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+        print(f"offload_clip: worst relative loss difference to the CPU over 50 steps {worst:.2e}")
+        self.assertLess(worst, 1e-4)
+        recs = records(self.tmp.name, "offload_clip")
+        mem = [r for r in recs if r["type"] == "memory"][0]
+        # Master shards, host gradients and the optimizer state are in host memory.
+        self.assertGreaterEqual(mem["host_bytes"][0], mem["optimizer_bytes"][0] + mem["param_bytes"][0] // 2)
+
+    def test_delayed_update_trains(self):
+        # DeepSpeed's delayed parameter update: step i's CPU update runs during step i+1, which uses
+        # the parameters one update older. Step 0 sees the plain offload run's parameters and batch;
+        # step 1 still the initial ones (a run at lr 1e-30 gives its loss exactly); training converges.
+        with tempfile.TemporaryDirectory() as d:
+            common = self.BASE + [f"--run.dir={d}", "--train.device=cuda", "--sharding.strategy=full_shard",
+                                  "--sharding.offload=cpu", "--train.max_steps=200"]
+            run(1, common + ["--run.name=plain"])
+            run(1, common + ["--run.name=dpu", "--sharding.delayed_update=true"])
+            run(1, common + ["--run.name=frozen", "--optim.lr=1e-30", "--train.max_steps=3"])  # updates below f32 resolution
+            a, b, z = losses(d, "plain"), losses(d, "dpu"), losses(d, "frozen")
+            self.assertLess(abs(a[0] - b[0]) / abs(a[0]), 1e-6)
+            self.assertLess(abs(z[1] - b[1]) / abs(z[1]), 1e-6)  # step 1 ran on the initial parameters
+            self.assertGreater(abs(a[1] - b[1]) / abs(a[1]), 1e-6)
+            tail = lambda xs: sum(xs[-20:]) / 20
+            print(f"delayed update: mean loss of the last 20 of 200 steps {tail(b):.4f} (plain offload {tail(a):.4f})")
+            self.assertLess(tail(b), 0.7 * b[0])
 
     def test_gpu_compression_trains(self):
         with tempfile.TemporaryDirectory() as d:

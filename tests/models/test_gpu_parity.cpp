@@ -28,10 +28,10 @@
 #include "models/layers/MaxPool2d.h"
 #include "models/layers/Precision.h"
 #include "models/layers/SoftmaxCrossEntropy.h"
-#include "models/optim/GradClip.h"
-#include "models/optim/LossScaler.h"
-#include "models/optim/LrSchedule.h"
-#include "models/optim/Optimizer.h"
+#include "core/optim/GradClip.h"
+#include "core/optim/LossScaler.h"
+#include "core/optim/LrSchedule.h"
+#include "core/optim/Optimizer.h"
 #include "tests/common/TestUtil.h"
 
 namespace mt {

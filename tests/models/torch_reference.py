@@ -166,7 +166,7 @@ class Cnn(torch.nn.Module):
         return out
 
 
-def lr_at(step, base, warmup, total, min_lr):  # models/optim/LrSchedule.h "cosine"
+def lr_at(step, base, warmup, total, min_lr):  # core/optim/LrSchedule.h "cosine"
     if warmup > 0 and step < warmup:
         return base * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))

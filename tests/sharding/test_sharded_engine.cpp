@@ -24,7 +24,7 @@ TEST(ShardedEngine, ShardsGatherAndReduce) {
   ShardingOptions so;
   so.prefetchLimit = 2;
   OptimConfig oc;
-  ShardedEngine engine(*model, comm, nullptr, so, oc);
+  ShardedEngine engine(model->params(), comm, nullptr, so, oc);
   EXPECT_TRUE(model->params().storageReleased());
   // Segments of all ranks cover the parameter vector exactly once.
   int64_t mine = 0;

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "models/optim/Optimizer.h"
+#include "core/optim/Optimizer.h"
 
 namespace mt::cuda {
 

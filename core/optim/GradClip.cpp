@@ -1,11 +1,11 @@
-#include "models/optim/GradClip.h"
+#include "core/optim/GradClip.h"
 
 #include <cmath>
 
 #include "core/Parallel.h"
 
 #ifdef MT_WITH_CUDA
-#include "models/kernels/CudaOptim.h"
+#include "core/cuda/CudaOptim.h"
 #endif
 
 namespace mt {

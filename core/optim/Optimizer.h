@@ -37,7 +37,13 @@ struct OptimConfig {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  virtual void step(float lr) = 0;
+  // One step over every segment: beginStep() then stepSegments(lr, 0, segments().size()).
+  void step(float lr);
+  // The step in pieces (sharding's offload steps unit by unit, as each unit's gradients reach the
+  // host): beginStep() counts the step once, then stepSegments updates segments [first, last),
+  // each segment exactly once per step, in any order and grouping.
+  void beginStep() { ++steps_; }
+  virtual void stepSegments(float lr, size_t first, size_t last) = 0;
   // Named flat state buffers (checkpointing, resharding); same order on every rank.
   virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
   int64_t stepCount() const { return steps_; }

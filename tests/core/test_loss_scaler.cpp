@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/MpiCommunicator.h"
-#include "models/optim/LossScaler.h"
+#include "core/optim/LossScaler.h"
 #include "tests/common/TestUtil.h"
 
 namespace mt {

@@ -1,4 +1,4 @@
-#include "models/layers/Gemm.h"
+#include "core/Gemm.h"
 
 #include <cblas.h>
 

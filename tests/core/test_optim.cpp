@@ -2,9 +2,9 @@
 
 #include <cmath>
 
-#include "models/optim/GradClip.h"
-#include "models/optim/LrSchedule.h"
-#include "models/optim/Optimizer.h"
+#include "core/optim/GradClip.h"
+#include "core/optim/LrSchedule.h"
+#include "core/optim/Optimizer.h"
 #include "tests/common/TestUtil.h"
 
 namespace mt {
@@ -60,6 +60,41 @@ TEST(Optim, SgdMomentumAndNoDecaySegments) {
   EXPECT_NEAR(p.data<float>()[0], 0.85f - 0.2775f, 1e-6);
   EXPECT_FLOAT_EQ(q.data<float>()[0], 1.f);  // zero gradient, no decay: unchanged
   EXPECT_THROW(makeOptimizer({"lion"}, {}), ConfigError);
+}
+
+// The step in pieces (sharding's offload steps unit by unit) is the same step: one count, every
+// segment once, whatever the grouping and order.
+TEST(Optim, StepInPiecesEqualsOneStep) {
+  for (const char* type : {"adamw", "sgd"}) {
+    std::vector<Tensor> pa, pb, g;
+    std::vector<OptimSegment> sa, sb;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> v(static_cast<size_t>(5 + i)), gv(v.size());
+      for (size_t k = 0; k < v.size(); ++k)
+        v[k] = 0.1f * static_cast<float>(k) - 0.3f * i, gv[k] = 0.05f * static_cast<float>(k + i) - 0.1f;
+      pa.push_back(test::fromVector(v, {static_cast<int64_t>(v.size())}));
+      pb.push_back(test::fromVector(v, {static_cast<int64_t>(v.size())}));
+      g.push_back(test::fromVector(gv, {static_cast<int64_t>(gv.size())}));
+      sa.push_back({pa.back(), g.back(), i % 2 == 0});
+      sb.push_back({pb.back(), g.back(), i % 2 == 0});
+    }
+    OptimConfig c;
+    c.type = type;
+    c.weightDecay = 0.1f;
+    auto whole = makeOptimizer(c, sa), pieces = makeOptimizer(c, sb);
+    for (int step = 0; step < 3; ++step) {
+      whole->step(0.01f);
+      pieces->beginStep();
+      pieces->stepSegments(0.01f, 2, 4);  // later units first, in two groups
+      pieces->stepSegments(0.01f, 0, 1);
+      pieces->stepSegments(0.01f, 1, 2);
+    }
+    EXPECT_EQ(pieces->stepCount(), whole->stepCount());
+    for (size_t i = 0; i < pa.size(); ++i)
+      for (int64_t k = 0; k < pa[i].numel(); ++k)
+        EXPECT_EQ(pa[i].data<float>()[k], pb[i].data<float>()[k]) << type;
+    EXPECT_THROW(pieces->stepSegments(0.01f, 3, 5), Error);  // past the last segment
+  }
 }
 
 TEST(Optim, ClipGradNorm) {

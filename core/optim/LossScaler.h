@@ -10,7 +10,7 @@
 #include <functional>
 #include <vector>
 
-#include "models/optim/Optimizer.h"
+#include "core/optim/Optimizer.h"
 
 namespace mt {
 

@@ -1,6 +1,6 @@
 #pragma once
 // Row-major GEMM: C[M,N] = alpha * op(A) * op(B) + beta * C, the one matrix multiply every layer
-// uses. CPU goes to OpenBLAS (cblas_sgemm); CUDA to cuBLASLt (models/kernels).
+// uses. CPU goes to OpenBLAS (cblas_sgemm); CUDA to cuBLASLt (core/cuda/CudaGemm.h).
 
 #include "core/Tensor.h"
 

@@ -6,7 +6,7 @@
 
 #include <cublasLt.h>
 
-#include "models/layers/Gemm.h"
+#include "core/Gemm.h"
 
 namespace mt::cuda {
 
@@ -32,6 +32,10 @@ struct GemmCall {
   int64_t strideA = 0, strideB = 0, strideC = 0;
 };
 
+// Enqueues the call on the current stream; false (nothing enqueued) when cuBLASLt has no algorithm
+// for it (an epilogue or bias type this cuBLASLt lacks), so the caller can fall back.
+bool tryGemm(const GemmCall& call);
+// As tryGemm, throwing CudaError naming the shape when there is no algorithm.
 void gemm(const GemmCall& call);
 
 }  // namespace mt::cuda

@@ -1,6 +1,6 @@
 // Multi-tensor optimizer kernels: one launch updates up to kMaxSegs segments (parameters or shard
 // pieces), each block taking a fixed chunk of one segment, so a model of hundreds of tensors costs
-// a few launches instead of hundreds. Math identical to the CPU (models/optim/Optimizer.h).
+// a few launches instead of hundreds. Math identical to the CPU (core/optim/Optimizer.h).
 // Gradient utilities: deterministic sum of squares (fixed two-level tree, f64), scaling, and an
 // inf/nan check for loss scaling.
 
@@ -8,7 +8,7 @@
 
 #include <cmath>
 
-#include "models/kernels/CudaOptim.h"
+#include "core/cuda/CudaOptim.h"
 #include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {

@@ -1,4 +1,4 @@
-#include "models/optim/LrSchedule.h"
+#include "core/optim/LrSchedule.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "models/optim/Optimizer.h"
+#include "core/optim/Optimizer.h"
 
 #include <cmath>
 
@@ -6,7 +6,7 @@
 #include "core/Parallel.h"
 
 #ifdef MT_WITH_CUDA
-#include "models/kernels/CudaOptim.h"
+#include "core/cuda/CudaOptim.h"
 #endif
 
 namespace mt {
@@ -28,6 +28,11 @@ void Optimizer::rebind(std::vector<OptimSegment> segs) {
   segments_ = std::move(segs);
 }
 
+void Optimizer::step(float lr) {
+  beginStep();
+  stepSegments(lr, 0, segments_.size());
+}
+
 int64_t Optimizer::stateBytes() {
   int64_t b = 0;
   for (auto& kv : state()) b += static_cast<int64_t>(kv.second.nbytes());
@@ -35,6 +40,11 @@ int64_t Optimizer::stateBytes() {
 }
 
 namespace {
+
+template <typename T>
+std::vector<T> slice(const std::vector<T>& v, size_t first, size_t last) {
+  return std::vector<T>(v.begin() + static_cast<std::ptrdiff_t>(first), v.begin() + static_cast<std::ptrdiff_t>(last));
+}
 
 inline float gradAt(const float* g, int64_t i) { return g[i]; }
 inline float gradAt(const BFloat16* g, int64_t i) { return static_cast<float>(g[i]); }
@@ -102,16 +112,19 @@ class AdamW final : public Optimizer {
     m_ = Tensor::zeros({stateNumel_}, DType::kF32, d);
     v_ = Tensor::zeros({stateNumel_}, DType::kF32, d);
   }
-  void step(float lr) override {
-    ++steps_;
+  void stepSegments(float lr, size_t first, size_t last) override {
+    MT_CHECK(first <= last && last <= segments_.size() && steps_ > 0, "adamw: segments [", first, ", ", last,
+             ") of ", segments_.size(), " at step ", steps_);
 #ifdef MT_WITH_CUDA
     if (m_.device().isCuda()) {
-      cuda::adamwMultiTensor(segments_, stateOffsets_, m_, v_, lr, cfg_.weightDecay, cfg_.beta1, cfg_.beta2,
-                             cfg_.eps, steps_);
+      const bool all = first == 0 && last == segments_.size();
+      cuda::adamwMultiTensor(all ? segments_ : slice(segments_, first, last),
+                             all ? stateOffsets_ : slice(stateOffsets_, first, last), m_, v_, lr, cfg_.weightDecay,
+                             cfg_.beta1, cfg_.beta2, cfg_.eps, steps_);
       return;
     }
 #endif
-    for (size_t i = 0; i < segments_.size(); ++i) {
+    for (size_t i = first; i < last; ++i) {
       auto& s = segments_[i];
       adamwUpdateCpu(s.value.data<float>(), s.grad, m_.data<float>() + stateOffsets_[i],
                      v_.data<float>() + stateOffsets_[i], s.value.numel(), lr, s.decay ? cfg_.weightDecay : 0.f,
@@ -131,17 +144,20 @@ class Sgd final : public Optimizer {
     Device d = segments_.empty() ? Device::cpu() : segments_[0].value.device();
     buf_ = Tensor::zeros({cfg_.momentum != 0.f ? stateNumel_ : 0}, DType::kF32, d);
   }
-  void step(float lr) override {
-    const bool first = steps_ == 0;
-    ++steps_;
+  void stepSegments(float lr, size_t firstSeg, size_t lastSeg) override {
+    MT_CHECK(firstSeg <= lastSeg && lastSeg <= segments_.size() && steps_ > 0, "sgd: segments [", firstSeg, ", ",
+             lastSeg, ") of ", segments_.size(), " at step ", steps_);
+    const bool first = steps_ == 1;  // the momentum buffer starts as the first gradient
 #ifdef MT_WITH_CUDA
     if (buf_.device().isCuda()) {
-      cuda::sgdMultiTensor(segments_, stateOffsets_, buf_, lr, cfg_.weightDecay, cfg_.momentum, cfg_.nesterov,
-                           first);
+      const bool all = firstSeg == 0 && lastSeg == segments_.size();
+      cuda::sgdMultiTensor(all ? segments_ : slice(segments_, firstSeg, lastSeg),
+                           all ? stateOffsets_ : slice(stateOffsets_, firstSeg, lastSeg), buf_, lr, cfg_.weightDecay,
+                           cfg_.momentum, cfg_.nesterov, first);
       return;
     }
 #endif
-    for (size_t i = 0; i < segments_.size(); ++i) {
+    for (size_t i = firstSeg; i < lastSeg; ++i) {
       auto& s = segments_[i];
       sgdUpdateCpu(s.value.data<float>(), s.grad,
                    cfg_.momentum != 0.f ? buf_.data<float>() + stateOffsets_[i] : nullptr, s.value.numel(), lr,

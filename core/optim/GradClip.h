@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "models/optim/Optimizer.h"
+#include "core/optim/Optimizer.h"
 
 namespace mt {
 

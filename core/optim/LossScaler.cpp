@@ -1,11 +1,11 @@
-#include "models/optim/LossScaler.h"
+#include "core/optim/LossScaler.h"
 
 #include <cmath>
 
-#include "models/optim/GradClip.h"
+#include "core/optim/GradClip.h"
 
 #ifdef MT_WITH_CUDA
-#include "models/kernels/CudaOptim.h"
+#include "core/cuda/CudaOptim.h"
 #endif
 
 namespace mt {

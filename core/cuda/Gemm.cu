@@ -1,0 +1,178 @@
+// cuBLASLt GEMM with plans cached per CudaRuntime (core/cuda/CudaGemm.h).
+//
+// Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T, so cuBLASLt is called
+// with the operands swapped: its "A" is our B, its "B" is our A, m = N, n = M. A bias epilogue then
+// adds bias[i] to column-major row i, i.e. to row-major column i: one value per output feature.
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "core/cuda/CudaCheck.h"
+#include "core/cuda/CudaGemm.h"
+#include "core/cuda/CudaRuntime.h"
+#include "core/cuda/PlanCache.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr size_t kGemmWorkspace = 32u << 20;
+
+struct PlanKey {
+  int ta, tb;
+  int64_t M, N, K;
+  int ab, c, epi, biasType;
+  bool hasBeta;
+  int64_t batch, sA, sB, sC, ldAux;
+  uint32_t alignA, alignB, alignC, alignBias;  // algorithms differ by operand alignment
+  bool operator<(const PlanKey& o) const {
+    return std::tie(ta, tb, M, N, K, ab, c, epi, biasType, hasBeta, batch, sA, sB, sC, ldAux, alignA, alignB,
+                    alignC, alignBias) < std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ab, o.c, o.epi, o.biasType,
+                                                  o.hasBeta, o.batch, o.sA, o.sB, o.sC, o.ldAux, o.alignA,
+                                                  o.alignB, o.alignC, o.alignBias);
+  }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;  // cuBLASLt found an algorithm (kept when not, so the query is not repeated)
+  void release() noexcept {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// The plans of one CudaRuntime (its cuBLASLt handle chose their algorithms).
+using GemmPlans = PlanCache<PlanKey, Plan>;
+
+void setBatch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
+  if (batch <= 1) return;
+  int32_t b = static_cast<int32_t>(batch);
+  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof(b)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                sizeof(stride)));
+}
+
+uint32_t alignmentOf(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0)
+    al /= 2;
+  return al;
+}
+
+Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
+  // Epilogues with an aux matrix: its type is the output's (bf16/f16/f32, as GELU_AUX and DGELU need).
+  PlanKey key{static_cast<int>(g.transA),
+              static_cast<int>(g.transB),
+              g.M,
+              g.N,
+              g.K,
+              static_cast<int>(g.abType),
+              static_cast<int>(g.cType),
+              static_cast<int>(g.epilogue),
+              static_cast<int>(g.biasType),
+              g.beta != 0.f,
+              g.batch,
+              g.strideA,
+              g.strideB,
+              g.strideC,
+              g.ldAux,
+              alignmentOf(g.A),
+              alignmentOf(g.B),
+              alignmentOf(g.C),
+              g.bias ? alignmentOf(g.bias) : 256u};
+  GemmPlans& cache = rt.components().get<GemmPlans>();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto it = cache.plans.find(key);
+  if (it != cache.plans.end()) return it->second;
+  Plan p;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Lt's A is our B, Lt's B is our A.
+  cublasOperation_t opA = g.transB == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opB = g.transA == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof(g.epilogue)));
+  if (g.ldAux)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldAux,
+                                                sizeof(g.ldAux)));
+  if (g.biasType != kDefaultBiasType) {
+    const int32_t bt = static_cast<int32_t>(g.biasType);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+  }
+  // Stored shapes (column-major): our B is [K,N] row-major (or [N,K] when transposed).
+  const uint64_t aRows = g.transB == Trans::kYes ? g.K : g.N, aCols = g.transB == Trans::kYes ? g.N : g.K;
+  const uint64_t bRows = g.transA == Trans::kYes ? g.M : g.K, bCols = g.transA == Trans::kYes ? g.K : g.M;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.abType, aRows, aCols, static_cast<int64_t>(aRows)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, g.abType, bRows, bCols, static_cast<int64_t>(bRows)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, g.cType, g.N, g.M, g.N));
+  setBatch(p.a, g.batch, g.strideB);
+  setBatch(p.b, g.batch, g.strideA);
+  setBatch(p.c, g.batch, g.strideC);
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = kGemmWorkspace;
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // Lt's A/B are our B/A.
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.alignB, 4));
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.alignA, 4));
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.alignC, 4));
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.alignC, 4));
+  // Heuristics need representative pointers' alignment; the bias pointer must be set to query.
+  const void* dummyBias = g.bias;
+  if (dummyBias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dummyBias,
+                                                sizeof(dummyBias)));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  // NOT_SUPPORTED or INVALID_VALUE (an epilogue or bias type this cuBLASLt has no kernel for; the
+  // H200's cuBLAS 13 answers the latter for an f32 bias under bf16) mean "no algorithm": the
+  // caller falls back, and gemm() still names the shape if nothing runs it.
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(rt.cublasLt(), p.op, p.a, p.b, p.c, p.c, pref, 1, &heur, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_NOT_SUPPORTED && hs != CUBLAS_STATUS_INVALID_VALUE) CUBLAS_CHECK(hs);
+  p.ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+  p.algo = heur.algo;
+  return cache.plans.emplace(key, p).first->second;
+}
+
+}  // namespace
+
+bool tryGemm(const GemmCall& g) {
+  if (g.M == 0 || g.N == 0) return true;
+  CudaRuntime& rt = CudaRuntime::require();
+  Plan& p = planFor(g, rt);
+  if (!p.ok) return false;
+  if (g.bias)
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+  if (g.aux)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux,
+                                                sizeof(g.aux)));
+  void* ws = rt.workspace(kGemmWorkspace);
+  CUBLAS_CHECK(cublasLtMatmul(rt.cublasLt(), p.op, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.Cin ? g.Cin : g.C,
+                              p.c, g.C, p.c, &p.algo, ws, kGemmWorkspace, currentStream()));
+  return true;
+}
+
+void gemm(const GemmCall& g) {
+  if (!tryGemm(g))
+    throw CudaError("cuBLASLt has no algorithm for GEMM M=" + std::to_string(g.M) +
+                    " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K));
+}
+
+}  // namespace mt::cuda

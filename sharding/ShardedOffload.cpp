@@ -1,0 +1,345 @@
+// ZeRO-Offload's data path on a GPU (sharding.offload = cpu, device cuda): the pieces of
+// ShardedEngine that move gradient shards down, step on the CPU and move parameters back up.
+//
+//   backward    unit u's reduce-scatter done -> its gradient shard copied to pinned host memory
+//               on the copy stream (during backward when nothing changes the shard afterwards:
+//               one micro-step, no replica all-reduce; else right after finishBackward)
+//   step(lr)    returns at once; a worker thread, per unit in forward order: waits for the
+//               unit's copy, scales by the clip factor, AdamW/SGD over the unit's segments
+//               (OpenMP and SIMD inside), and uploads the unit's parameter shard (packed to bf16
+//               on the host when gathered in bf16) on the copy stream
+//   forward     unit u's all-gather waits for unit u's upload only: the CPU steps the later units
+//               while the GPU already runs the first ones
+// With sharding.delayed_update (DeepSpeed's DPU) the step's CPU work runs during the whole next
+// iteration, whose forward and backward use the parameters one update older: at the next step(),
+// the finished update is uploaded and the next one starts. Two host gradient buffers alternate so
+// the next iteration's copies never land under the running update.
+// The gradient clip's norm comes from the device shards (no host pass) unless something read the
+// host gradients first (the f16 loss scaler's unscale), then the host path of core/optim.
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "core/Convert.h"
+#include "core/Log.h"
+#include "core/Threads.h"
+#include "core/optim/GradClip.h"
+#include "sharding/ShardedEngine.h"
+
+#ifdef MT_WITH_CUDA
+#include "core/cuda/CudaCheck.h"
+#include "core/cuda/CudaOptim.h"
+#include "core/cuda/CudaRuntime.h"
+#include "core/cuda/CudaStream.h"
+#endif
+
+namespace mt {
+
+#ifdef MT_WITH_CUDA
+
+struct ShardedEngine::Offload {
+  int device = 0;
+  CudaStream copy;
+  std::vector<CudaEvent> gradDown, paramsUp;
+  std::vector<char> gradIssued;     // this iteration's gradient copy issued, per unit
+  std::vector<char> paramsSent;     // paramsUp recorded at least once, per unit
+  std::vector<Tensor> paramHost;    // pinned paramDtype staging of the upload (bf16 gathers only)
+  std::vector<Tensor> gradHost[2];  // pinned host gradient shards (the second only with DPU)
+  std::vector<std::pair<size_t, size_t>> unitSegments;  // optimizer segments [first, last) per unit
+  CudaEvent gathersDone;     // the current stream after this iteration's gathers: uploads wait for it
+  int target = 0;            // the host buffer this iteration's gradient copies land in
+  bool hostTouched = false;  // host gradients read or changed since backward (loss scaler)
+  float clip = 1.f;          // deferred clip factor for the next job
+
+  // The worker and its one job at a time.
+  std::thread worker;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stop = false, queued = false, running = false, uploadInJob = true;
+  size_t unitsDone = 0;  // units of the current job whose update (and upload) is issued
+  float lr = 0.f, jobClip = 1.f;
+  std::exception_ptr error;
+};
+
+void ShardedEngine::OffloadDeleter::operator()(Offload* o) const noexcept {
+  delete o;
+}
+
+void ShardedEngine::startOffload() {
+  off_.reset(new Offload());
+  Offload& o = *off_;
+  o.device = CudaRuntime::require().device();
+  const size_t n = units_.size();
+  o.gradDown = std::vector<CudaEvent>(n);
+  o.paramsUp = std::vector<CudaEvent>(n);
+  o.gradIssued.assign(n, 0);
+  o.paramsSent.assign(n, 0);
+  Allocator& pinned = CudaRuntime::require().pinned();
+  for (auto& u : units_) {
+    o.gradHost[0].push_back(u.gradShardHost);
+    if (opt_.delayedUpdate) {
+      Tensor t = Tensor::empty({u.shard}, u.gradShardHost.dtype(), pinned);
+      t.zero_();
+      o.gradHost[1].push_back(t);
+    }
+    o.paramHost.push_back(opt_.paramDtype == DType::kF32 ? Tensor()
+                                                         : Tensor::empty({u.shard}, opt_.paramDtype, pinned));
+  }
+  // Each unit's segments are consecutive in the optimizer (built in unit order).
+  size_t seg = 0;
+  const auto& segs = optimizer_->segments();
+  for (auto& u : units_) {
+    const size_t first = seg;
+    while (seg < segs.size() && segs[seg].grad.sharesStorageWith(u.gradShardHost))
+      ++seg;
+    o.unitSegments.emplace_back(first, seg);
+  }
+  MT_CHECK(seg == segs.size(), "offload: ", segs.size() - seg, " optimizer segments outside the units");
+  o.worker = std::thread([this] { offloadWorker(); });
+}
+
+void ShardedEngine::stopOffload() noexcept {
+  if (!off_) return;
+  {
+    std::lock_guard<std::mutex> lock(off_->mutex);
+    off_->stop = true;
+  }
+  off_->cv.notify_all();
+  if (off_->worker.joinable()) off_->worker.join();  // finishes a job in flight first
+}
+
+void ShardedEngine::uploadParams(int ui) {
+  Offload& o = *off_;
+  Unit& u = units_[static_cast<size_t>(ui)];
+  const cudaStream_t s = o.copy.get();
+  if (u.gatherCopy.dtype() == DType::kF32) {
+    CUDA_CHECK(cudaMemcpyAsync(u.gatherCopy.rawData(), u.master.rawData(), u.master.nbytes(),
+                               cudaMemcpyHostToDevice, s));
+  } else {
+    Tensor& stage = o.paramHost[static_cast<size_t>(ui)];
+    if (o.paramsSent[static_cast<size_t>(ui)])
+      o.paramsUp[static_cast<size_t>(ui)].synchronize();  // last upload read it
+    convertInto(stage, u.master);                         // on the host: half the bytes cross the bus
+    CUDA_CHECK(
+        cudaMemcpyAsync(u.gatherCopy.rawData(), stage.rawData(), stage.nbytes(), cudaMemcpyHostToDevice, s));
+  }
+  o.paramsUp[static_cast<size_t>(ui)].record(s);
+  o.paramsSent[static_cast<size_t>(ui)] = 1;
+}
+
+void ShardedEngine::offloadWorker() {
+  Offload& o = *off_;
+  if (cudaSetDevice(o.device) != cudaSuccess) cudaGetLastError();  // reported by the first CUDA_CHECK
+  setNumThreads(numThreads());  // OpenMP's thread count is per thread: the rank's budget here too
+  std::unique_lock<std::mutex> lock(o.mutex);
+  while (true) {
+    o.cv.wait(lock, [&] { return o.stop || o.queued; });
+    if (!o.queued) return;  // stopped with nothing queued
+    o.queued = false;
+    o.running = true;
+    o.unitsDone = 0;
+    const float lr = o.lr, clip = o.jobClip;
+    const bool upload = o.uploadInJob;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), o.gathersDone.get(), 0));
+      optimizer_->beginStep();
+      const auto& segs = optimizer_->segments();
+      for (size_t ui = 0; ui < units_.size(); ++ui) {
+        o.gradDown[ui].synchronize();
+        // The unit's last upload has read the master shard (with DPU it was enqueued just before).
+        if (o.paramsSent[ui]) o.paramsUp[ui].synchronize();
+        const auto [first, last] = o.unitSegments[ui];
+        if (clip != 1.f && first < last)
+          scaleGrads(std::vector<OptimSegment>(segs.begin() + static_cast<std::ptrdiff_t>(first),
+                                               segs.begin() + static_cast<std::ptrdiff_t>(last)),
+                     clip);
+        optimizer_->stepSegments(lr, first, last);
+        if (upload) uploadParams(static_cast<int>(ui));
+        {
+          std::lock_guard<std::mutex> g(o.mutex);
+          o.unitsDone = ui + 1;
+        }
+        o.cv.notify_all();
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    o.running = false;
+    o.unitsDone = units_.size();
+    if (error && !o.error) o.error = error;
+    o.cv.notify_all();
+  }
+}
+
+void ShardedEngine::settle() {
+  if (!off_) return;
+  Offload& o = *off_;
+  std::unique_lock<std::mutex> lock(o.mutex);
+  o.cv.wait(lock, [&] { return !o.queued && !o.running; });
+  if (o.error) {
+    std::exception_ptr e = o.error;
+    o.error = nullptr;
+    std::rethrow_exception(e);  // the CPU step's error, on the training thread
+  }
+}
+
+void ShardedEngine::awaitParams(int ui) {
+  if (!off_) return;
+  Offload& o = *off_;
+  {
+    std::unique_lock<std::mutex> lock(o.mutex);
+    if (o.uploadInJob)
+      o.cv.wait(lock, [&] {
+        return o.error || (!o.queued && (!o.running || o.unitsDone > static_cast<size_t>(ui)));
+      });
+    if (o.error) {
+      lock.unlock();
+      settle();  // rethrows
+    }
+  }
+  if (o.paramsSent[static_cast<size_t>(ui)])
+    CUDA_CHECK(cudaStreamWaitEvent(currentStream(), o.paramsUp[static_cast<size_t>(ui)].get(), 0));
+}
+
+Tensor& ShardedEngine::gradTarget(int ui) {
+  return off_->gradHost[off_->target][static_cast<size_t>(ui)];
+}
+
+void ShardedEngine::copyGradDown(int ui) {
+  Offload& o = *off_;
+  if (o.gradIssued[static_cast<size_t>(ui)]) return;
+  Unit& u = units_[static_cast<size_t>(ui)];
+  // The shard is final on the current stream (its reduction waited, accumulation and replica
+  // all-reduce enqueued there): the copy stream starts after it.
+  CudaEvent ready;
+  ready.record(currentStream());
+  CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), ready.get(), 0));
+  Tensor& dst = gradTarget(ui);
+  CUDA_CHECK(cudaMemcpyAsync(dst.rawData(), u.gradShard.rawData(), u.gradShard.nbytes(),
+                             cudaMemcpyDeviceToHost, o.copy.get()));
+  o.gradDown[static_cast<size_t>(ui)].record(o.copy.get());
+  o.gradIssued[static_cast<size_t>(ui)] = 1;
+}
+
+void ShardedEngine::copyReadyGradsDown() {
+  // During backward only where nothing changes a shard after its reduce-scatter.
+  if (!off_ || microSteps_ > 1 || replicaComm_) return;
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    Unit& u = units_[ui];
+    if (!u.reduceWork || off_->gradIssued[ui] || !u.reduceWork->isCompleted()) continue;
+    u.reduceWork->wait(shardComm_.timeout());  // done: returns at once (orders the stream on NCCL)
+    u.reduceWork = nullptr;
+    u.gradFull = Tensor();
+    copyGradDown(static_cast<int>(ui));
+  }
+}
+
+void ShardedEngine::finishOffloadBackward() {
+  for (size_t ui = 0; ui < units_.size(); ++ui)
+    copyGradDown(static_cast<int>(ui));
+  off_->hostTouched = false;
+  off_->clip = 1.f;
+}
+
+void ShardedEngine::settleHostGrads() {
+  settle();
+  if (!off_) return;
+  for (size_t ui = 0; ui < units_.size(); ++ui)
+    if (off_->gradIssued[ui]) off_->gradDown[ui].synchronize();
+  bindHostGrads(off_->target);
+  off_->hostTouched = true;
+}
+
+void ShardedEngine::bindHostGrads(int buffer) {
+  std::vector<OptimSegment> segs = optimizer_->segments();
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    const Tensor& g = off_->gradHost[buffer][ui];
+    const int64_t lo = static_cast<int64_t>(shardComm_.rank()) * units_[ui].shard;
+    const auto [first, last] = off_->unitSegments[ui];
+    size_t k = first;
+    for (const auto& up : units_[ui].params) {
+      const int64_t a = std::max(lo, up.unitOffset),
+                    b = std::min(lo + units_[ui].shard, up.unitOffset + up.param->numel());
+      if (a >= b) continue;
+      segs[k++].grad = g.flatSlice(a - lo, b - a);
+    }
+    MT_CHECK(k == last, "offload: unit ", ui, " rebinds ", k - first, " of ", last - first, " segments");
+  }
+  optimizer_->rebind(std::move(segs));
+}
+
+double ShardedEngine::clipOffloaded(float maxNorm) {
+  if (off_->hostTouched) {  // the host gradients are the ones to clip (unscaled there)
+    settleHostGrads();
+    return mt::clipGradNorm(optimizer_->segments(), maxNorm,
+                            [this](double s) { return shardComm_.allReduceScalar(s, ReduceOp::kSum); });
+  }
+  double local = 0.0;
+  for (const auto& u : units_)
+    local += cuda::sumOfSquares(u.gradShard);  // padding is zero
+  const double norm = std::sqrt(shardComm_.allReduceScalar(local, ReduceOp::kSum));
+  if (maxNorm > 0.f) {
+    const double coef = static_cast<double>(maxNorm) / (norm + 1e-6);  // as core/optim's clipGradNorm
+    off_->clip = coef < 1.0 ? static_cast<float>(coef) : 1.f;
+  }
+  return norm;
+}
+
+void ShardedEngine::stepOffloaded(float lr) {
+  Offload& o = *off_;
+  settle();  // the previous update is done (with DPU: it ran during this iteration)
+  o.gathersDone.record(currentStream());
+  if (opt_.delayedUpdate) {
+    CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), o.gathersDone.get(), 0));
+    if (optimizer_->stepCount() > 0)
+      for (size_t ui = 0; ui < units_.size(); ++ui)
+        uploadParams(static_cast<int>(ui));
+  }
+  bindHostGrads(o.target);
+  {
+    std::lock_guard<std::mutex> lock(o.mutex);
+    o.lr = lr;
+    o.jobClip = o.clip;
+    o.uploadInJob = !opt_.delayedUpdate;
+    o.queued = true;
+  }
+  o.cv.notify_all();
+  std::fill(o.gradIssued.begin(), o.gradIssued.end(), 0);
+  if (opt_.delayedUpdate) o.target ^= 1;  // the next iteration's copies go to the other buffer
+}
+
+void ShardedEngine::uploadAllParams() {
+  settle();
+  for (size_t ui = 0; ui < units_.size(); ++ui)
+    uploadParams(static_cast<int>(ui));
+  off_->copy.synchronize();
+}
+
+#else  // no CUDA: offload keeps the synchronous host path of ShardedEngine.cpp
+
+struct ShardedEngine::Offload {};
+void ShardedEngine::OffloadDeleter::operator()(Offload* o) const noexcept {
+  delete o;
+}
+void ShardedEngine::startOffload() {}
+void ShardedEngine::stopOffload() noexcept {}
+void ShardedEngine::settle() {}
+void ShardedEngine::awaitParams(int) {}
+void ShardedEngine::copyReadyGradsDown() {}
+void ShardedEngine::finishOffloadBackward() {}
+void ShardedEngine::settleHostGrads() {}
+double ShardedEngine::clipOffloaded(float) {
+  return 0.0;
+}
+void ShardedEngine::stepOffloaded(float) {}
+void ShardedEngine::uploadAllParams() {}
+
+#endif
+
+}  // namespace mt
