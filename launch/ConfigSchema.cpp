@@ -181,7 +181,9 @@ const std::vector<ConfigKey>& configSchema() {
               "data-parallel all-reduce as reduce-scatter in node, all-reduce across, all-gather in"),
       integer("topo.node_ranks", "0", kNonNegative,
               "ranks per node for the intra/inter-node groups (0: the real nodes; >0 emulates)"),
-      boolean("topo.bind_cpus", "true", "cuda: bind each rank to the CPU cores of its GPU's NUMA node (needs topo.file)"),
+      boolean("topo.bind_cpus", "true",
+              "cuda: bind each rank to the CPU cores of its GPU's NUMA node, found by PCI bus id in topo.file "
+              "(a file without this machine's bus ids is refused: exit 2)"),
   };
   return kSchema;
 }

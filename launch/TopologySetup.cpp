@@ -51,11 +51,18 @@ void bindToGpuCpus(const Topology& topology, int device) {
   if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) return;
   std::string id = bus;
   for (auto& ch : id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  const TopoGpu* match = nullptr;
-  for (const auto& g : topology.gpus())
-    if (g.busid == id) match = &g;
-  if (!match && device < static_cast<int>(topology.gpus().size())) match = &topology.gpus()[static_cast<size_t>(device)];
-  if (!match || match->cpu < 0) return;
+  // By bus id only: falling back to the index order bound ranks to the wrong NUMA node's cores
+  // when the file described another machine.
+  const TopoGpu* match = topology.gpuByBusId(id);
+  if (!match) {
+    std::string listed;
+    for (const auto& g : topology.gpus()) listed += (listed.empty() ? "" : ", ") + g.busid;
+    throw ConfigError("topo.file " + topology.source() + ": no GPU at this rank's bus id " + id + " (GPU " +
+                      std::to_string(device) + "; the file lists " + (listed.empty() ? "none" : listed) +
+                      "): it describes another machine; dump this one's with NCCL_TOPO_DUMP_FILE, or set "
+                      "topo.bind_cpus = false");
+  }
+  if (match->cpu < 0) return;
   const auto& cores = topology.cpus()[static_cast<size_t>(match->cpu)].cores;
   cpu_set_t set;
   CPU_ZERO(&set);

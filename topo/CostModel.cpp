@@ -43,9 +43,13 @@ MachineSpec CostModel::specFrom(const Topology& t, const Profile* profile) {
     // GPUs on a PCIe switch move data through it at about 80% of the link rate.
     m.intraGBs = pcie > 0 ? 0.8 * pcie : 24.0;
   }
-  m.nicsPerNode = std::max<int>(1, static_cast<int>(t.nics().size()));
+  // The NICs the GPUs' rails use: one that no GPU is nearest to carries no collective traffic.
+  std::vector<int> used = t.railNics();
+  if (used.empty())
+    for (const auto& n : t.nics()) used.push_back(n.index);
+  m.nicsPerNode = std::max<int>(1, static_cast<int>(used.size()));
   double speed = 0;
-  for (const auto& n : t.nics()) speed = std::max(speed, n.speedGbps());
+  for (int i : used) speed = std::max(speed, t.nics()[static_cast<size_t>(i)].speedGbps());
   m.nicGbps = speed > 0 ? speed : 100.0;
   m.fabric = t.primaryFabric();
   m.nicEfficiency = m.fabric == Fabric::kInfiniBand ? 0.94 : m.fabric == Fabric::kRoCE ? 0.90 : 0.6;

@@ -1,6 +1,7 @@
 #include "topo/Topology.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -85,6 +86,10 @@ Fabric inferFabric(uint32_t pciClass, const std::string& vendor, bool hasPci) {
   if (vendor == "0x1d0f") return Fabric::kEFA;  // AWS Elastic Fabric Adapter
   if (cls == 0x0207) return Fabric::kInfiniBand;
   if (cls == 0x0200 && vendor == "0x15b3") return Fabric::kRoCE;  // Mellanox/NVIDIA in Ethernet mode
+  // An Ethernet controller the file names by class code alone (AWS's aws-ofi-nccl files give the
+  // EFA devices of p4d/p5 this way): EFA, RoCE or plain TCP are all possible, so unknown (the
+  // summary says to set a profile), not sockets.
+  if (cls == 0x0200 && vendor.empty()) return Fabric::kUnknown;
   if (cls == 0x0200) return Fabric::kSocket;
   return Fabric::kUnknown;
 }
@@ -318,6 +323,36 @@ std::string cpuRange(const std::vector<int>& cores) {
 }
 }  // namespace
 
+namespace {
+// (domain, bus, device, function) of "dddd:bb:dd.f"; false when it is not one.
+bool parseBusId(const std::string& s, uint64_t (&out)[4]) {
+  unsigned long long d = 0, b = 0, dev = 0, f = 0;
+  char tail = 0;
+  if (std::sscanf(s.c_str(), "%llx:%llx:%llx.%llx%c", &d, &b, &dev, &f, &tail) != 4) return false;
+  out[0] = d, out[1] = b, out[2] = dev, out[3] = f;
+  return true;
+}
+}  // namespace
+
+const TopoGpu* Topology::gpuByBusId(const std::string& busid) const {
+  uint64_t want[4];
+  if (!parseBusId(busid, want)) return nullptr;
+  for (const auto& g : gpus_) {
+    uint64_t have[4];
+    if (parseBusId(g.busid, have) && std::equal(want, want + 4, have)) return &g;
+  }
+  return nullptr;
+}
+
+std::vector<int> Topology::railNics() const {
+  std::vector<int> out;
+  for (const auto& g : gpus_)
+    for (int n : rail(g.index))
+      if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::string Topology::summary() const {
   std::ostringstream os;
   os << "topology " << source_ << ": " << cpus_.size() << " CPU(s), " << gpus_.size() << " GPU(s), " << nics_.size()
@@ -335,6 +370,12 @@ std::string Topology::summary() const {
     for (const auto& p : n.nets) os << " " << p.name << ":" << p.port;
     os << "\n";
   }
+  int unknown = 0;
+  for (const auto& n : nics_) unknown += n.fabric == Fabric::kUnknown ? 1 : 0;
+  if (unknown > 0)
+    os << "  hint: " << unknown << " NIC(s) of unknown fabric (a PCI network class without vendor or port details;"
+       << " AWS p4d/p5 files look like this): set topo.profile (efa for AWS EFA with the aws-ofi-nccl plugin,"
+       << " roce-v2, ib-ndr, socket) so NCCL and the cost model use the right one\n";
   os << "  rails:";
   for (const auto& g : gpus_) {
     os << " gpu" << g.index << "->";

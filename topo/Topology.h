@@ -98,9 +98,15 @@ class Topology {
   const std::vector<std::string>& skipped() const { return skipped_; }  // unknown elements, where
 
   PathType path(const TopoGpu& g, const TopoNic& n) const;
+  // The GPU at PCI bus id `busid` ("0000:1b:00.0", any case, a 4- or 8-digit domain as CUDA and
+  // nvidia-smi write it); null when the file has none there (it describes another machine).
+  const TopoGpu* gpuByBusId(const std::string& busid) const;
   // NICs nearest to GPU i (its rail), ascending NIC index.
   std::vector<int> rail(int gpu) const;
   PathType railPath(int gpu) const;
+  // The NICs that are some GPU's rail, ascending (a NIC no GPU is nearest to, such as a management
+  // port on the CPU root, carries no collective traffic); empty without GPUs.
+  std::vector<int> railNics() const;
   // Overrides every NIC's fabric (a profile that knows better, e.g. IB presented as Ethernet).
   void setFabric(Fabric f);
   // The fabric the inter-node traffic will use: the most common among NICs (socket if none).

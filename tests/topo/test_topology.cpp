@@ -3,9 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
 
 #include "core/Error.h"
+#include "topo/CostModel.h"
 #include "topo/Topology.h"
 
 namespace mt {
@@ -137,6 +139,53 @@ TEST(Topology, FabricOverrideAndMasks) {
   EXPECT_NEAR(pcieBandwidthGBs(5.0, 16), 8.0, 1e-9);
 }
 
+// The shape of AWS's aws-ofi-nccl p4d/p5 files (written here, not copied): GPUs and Ethernet-class
+// NICs behind PCI switches, the NICs given by class code only (no vendor, no <nic>/<net>), plus a
+// vendor-named Ethernet port on the CPU root that no GPU is near.
+TEST(Topology, ClassOnlyNicsAreUnknownAndOffRailNicsAreNotCounted) {
+  const std::string xml =
+      "<system version=\"1\"><cpu numaid=\"0\" affinity=\"ffff\" arch=\"x86_64\" vendor=\"GenuineIntel\">"
+      "<pci busid=\"0000:10:00.0\" class=\"0x060400\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">"
+      "<pci busid=\"0000:10:1c.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\"/>"
+      "<pci busid=\"0000:10:1b.0\" class=\"0x020000\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\"/></pci>"
+      "<pci busid=\"0000:20:00.0\" class=\"0x060400\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">"
+      "<pci busid=\"0000:20:1c.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\"/>"
+      "<pci busid=\"0000:20:1b.0\" class=\"0x020000\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\"/></pci>"
+      "<pci busid=\"0000:05:00.0\" class=\"0x020000\" vendor=\"0x8086\" link_speed=\"8.0 GT/s PCIe\" link_width=\"8\"/>"
+      "</cpu></system>";
+  Topology t = Topology::fromDocument(parseTopologyXmlString(xml, "p4d-shape.xml"));
+  ASSERT_EQ(t.gpus().size(), 2u);
+  ASSERT_EQ(t.nics().size(), 3u);
+  EXPECT_EQ(t.nics()[0].fabric, Fabric::kUnknown);  // class 0x0200 and nothing else: not "socket"
+  EXPECT_EQ(t.nics()[1].fabric, Fabric::kUnknown);
+  EXPECT_EQ(t.nics()[2].fabric, Fabric::kSocket);  // a named Ethernet vendor without RDMA: TCP
+  EXPECT_EQ(t.primaryFabric(), Fabric::kUnknown);
+  EXPECT_EQ(rails(t), (std::vector<int>{0, 1}));
+  EXPECT_EQ(t.railNics(), (std::vector<int>{0, 1}));  // the root port is no GPU's rail
+  const std::string s = t.summary();
+  EXPECT_NE(s.find("2 NIC(s) of unknown fabric"), std::string::npos) << s;
+  EXPECT_NE(s.find("efa for AWS EFA"), std::string::npos) << s;
+  // trainer predict's per-node bandwidth counts the two rail NICs, not the management port.
+  EXPECT_EQ(CostModel::specFrom(t, nullptr).nicsPerNode, 2);
+}
+
+// A rank finds its GPU in the file by PCI bus id, in CUDA's or nvidia-smi's spelling; a bus id the
+// file does not have finds nothing (trainer refuses it: exit 2, not the index-order guess).
+TEST(Topology, GpuByBusId) {
+  Topology t = Topology::load(sample("h200-vm-1gpu-dump.xml"));
+  ASSERT_EQ(t.gpus().size(), 1u);
+  EXPECT_EQ(t.gpuByBusId("0000:00:06.0"), &t.gpus()[0]);
+  EXPECT_EQ(t.gpuByBusId("00000000:00:06.0"), &t.gpus()[0]);  // nvidia-smi's 8-digit domain
+  EXPECT_EQ(t.gpuByBusId("0000:00:07.0"), nullptr);
+  EXPECT_EQ(t.gpuByBusId("not a bus id"), nullptr);
+  Topology a = Topology::load(sample("azhpc-ndv5-topo.xml"));
+  for (const auto& g : a.gpus()) {
+    std::string upper = g.busid;
+    for (auto& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    EXPECT_EQ(a.gpuByBusId(upper), &g) << upper;  // CUDA writes hex digits in upper case
+  }
+}
+
 }  // namespace
 }  // namespace mt
 
@@ -155,3 +204,4 @@ TEST(Topology, NonUtf8NamesDoNotBreakTheJsonSummary) {
   EXPECT_NE(j.find("\xef\xbf\xbd"), std::string::npos) << j;  // U+FFFD in place of the bad bytes
   EXPECT_NO_THROW(t.summary());
 }
+
