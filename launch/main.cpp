@@ -1,7 +1,7 @@
 // trainer: the meshtrain training program.
 //   trainer [--config FILE.ini] [--section.key=value ...]   train (defaults: Fashion-MNIST MLP)
 //   trainer --help | --help-env | --devices | --config-reference (the README's key table)
-//   trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]   topology summary
+//   trainer topo --file X.xml [--json] [--fabric ...] [--ranks N]   topology summary, rank layout
 //   trainer predict --topo X.xml [--profile P] ...                       scaling prediction
 //   trainer export --checkpoint DIR --out FILE.h5                       consolidated parameters
 //   trainer plan --config X.ini [--ranks N] [--gpu-memory GIB]          memory plan per rank
@@ -28,6 +28,7 @@
 #include "launch/Signals.h"
 #include "launch/Trainer.h"
 #include "topo/CostModel.h"
+#include "topo/RankLayout.h"
 #include "topo/Topology.h"
 
 #ifdef MT_WITH_CUDA
@@ -62,9 +63,11 @@ int agreeOnSetup(int code, const std::string& message, int rank, int size) {
 }  // namespace
 
 const char* const kTopoUsage =
-    "usage: trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]\n"
+    "usage: trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket] [--ranks N [--ranks-per-node K]]\n"
     "  the GPUs, NICs, PCI switches, NUMA nodes, rails and fabric of an NCCL topology file\n"
-    "  (NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE format); --json for a machine-readable form\n";
+    "  (NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE format); --json for a machine-readable form;\n"
+    "  --ranks: where N ranks land on nodes built like the file (K per node, default its GPU count):\n"
+    "  each rank's GPU, rail NIC(s) and NIC binding, the intra-node groups and one group per rail\n";
 const char* const kPredictUsage =
     "usage: trainer predict --topo X.xml [--profile NAME|PATH] [--params N] [--grad-bytes B]\n"
     "         [--compute-ms C] [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...]\n"
@@ -81,10 +84,18 @@ bool wantsHelp(const std::vector<std::string>& args) {
   return false;
 }
 
-// trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket]
+// trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket] [--ranks N [--ranks-per-node K]]
 int topoCommand(const std::vector<std::string>& args) {
   std::string file, fabric;
   bool json = false;
+  int ranks = 0, ranksPerNode = 0;
+  auto count = [](const std::string& flag, const std::string& v) {
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n <= 0 || n > 1000000)
+      throw mt::ConfigError("topo: " + flag + " must be a positive integer, not '" + v + "'");
+    return static_cast<int>(n);
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](const std::string& flag) -> std::string {
@@ -95,7 +106,11 @@ int topoCommand(const std::vector<std::string>& args) {
     if (a == "--json") json = true;
     else if (a.rfind("--file", 0) == 0) file = value("--file");
     else if (a.rfind("--fabric", 0) == 0) fabric = value("--fabric");
-    else throw mt::ConfigError("topo: unknown argument '" + a + "' (usage: trainer topo --file X.xml [--json]; --help)");
+    else if (a.rfind("--ranks-per-node", 0) == 0) ranksPerNode = count("--ranks-per-node", value("--ranks-per-node"));
+    else if (a.rfind("--ranks", 0) == 0) ranks = count("--ranks", value("--ranks"));
+    else
+      throw mt::ConfigError("topo: unknown argument '" + a +
+                            "' (usage: trainer topo --file X.xml [--json] [--ranks N [--ranks-per-node K]]; --help)");
   }
   if (file.empty()) throw mt::ConfigError("topo: --file X.xml is required");
   mt::Topology t = mt::Topology::load(file);
@@ -105,6 +120,7 @@ int topoCommand(const std::vector<std::string>& args) {
     t.setFabric(f);
   }
   std::cout << (json ? t.json() + "\n" : t.summary());
+  if (ranks > 0) std::cout << mt::layoutRanks(t, ranks, ranksPerNode).summary();
   return 0;
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""trainer topo / predict from the command line, and a hierarchical data-parallel run on 4 ranks
+"""trainer topo (summary, rank layout) / predict from the command line, and a hierarchical data-parallel run on 4 ranks
 emulating 2 nodes that matches the flat run step for step."""
 import json
 import os
@@ -29,6 +29,37 @@ class TopoCli(unittest.TestCase):
         self.assertEqual(j["primary_fabric"], "roce")
         p = run(["topo", "--file", os.path.join(SAMPLES, "azhpc-ndv5-topo.xml")])
         self.assertIn("8 GPU(s), 8 NIC(s), primary fabric ib", p.stdout)
+
+    def test_rank_layout(self):
+        # 8 ranks as 2 nodes x 4 on the OCI file: each rank's GPU, rail NIC and NCCL_IB_HCA, the
+        # intra-node groups and one inter-node group per rail.
+        p = run(["topo", "--file", os.path.join(SAMPLES, "oci-hpc-H100-topology.xml"), "--ranks", "8",
+                 "--ranks-per-node", "4"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("ranks 8 = 2 node(s) x 4 rank(s)", p.stdout)
+        self.assertIn("rank 5: node 1 local 1 gpu1 0000:2d:00.0 numa 0 rail nic1 (PXB) NCCL_IB_HCA==mlx5_3:1,mlx5_4:2",
+                      p.stdout)
+        self.assertIn("intra-node groups: node0 {0,1,2,3} node1 {4,5,6,7}", p.stdout)
+        self.assertIn("inter-node groups (one per rail): rail0 {0,4} rail1 {1,5} rail2 {2,6} rail3 {3,7}", p.stdout)
+        # Every sample, 2 nodes of its own GPU count: one rail group per GPU, each with one rank per node.
+        for name in sorted(os.listdir(SAMPLES)):
+            f = os.path.join(SAMPLES, name)
+            gpus = len(json.loads(run(["topo", "--file", f, "--json"]).stdout)["gpus"])
+            p = run(["topo", "--file", f, "--ranks", str(2 * gpus)])
+            self.assertEqual(p.returncode, 0, name + p.stderr)
+            self.assertIn(f"ranks {2 * gpus} = 2 node(s) x {gpus} rank(s)", p.stdout, name)
+            self.assertEqual(p.stdout.count(" rail" + str(gpus - 1) + " {"), 1, name)
+        # Ranks that do not fill whole nodes, or more per node than the file has GPUs: exit 2.
+        p = run(["topo", "--file", os.path.join(SAMPLES, "oci-hpc-H100-topology.xml"), "--ranks", "6",
+                 "--ranks-per-node", "4"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--ranks 6 is not a multiple of 4 ranks per node", p.stderr)
+        p = run(["topo", "--file", os.path.join(SAMPLES, "h200-vm-1gpu-dump.xml"), "--ranks", "4",
+                 "--ranks-per-node", "2"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("2 ranks per node, but", p.stderr)
+        self.assertEqual(run(["topo", "--file", os.path.join(SAMPLES, "h200-vm-1gpu-dump.xml"), "--ranks",
+                              "x"]).returncode, 2)
 
     def test_bad_input_exits_2(self):
         with tempfile.NamedTemporaryFile("w", suffix=".xml", delete=False) as f:
