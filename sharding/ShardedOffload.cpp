@@ -62,6 +62,17 @@ struct ShardedEngine::Offload {
   size_t unitsDone = 0;  // units of the current job whose update (and upload) is issued
   float lr = 0.f, jobClip = 1.f;
   std::exception_ptr error;
+
+  // Also where the engine's constructor throws after starting the worker: a joinable thread must
+  // not be destroyed (std::terminate).
+  ~Offload() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    cv.notify_all();
+    if (worker.joinable()) worker.join();
+  }
 };
 
 void ShardedEngine::OffloadDeleter::operator()(Offload* o) const noexcept {
