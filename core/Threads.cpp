@@ -35,11 +35,15 @@ int affinityCores() {
   return CPU_COUNT(&set);
 }
 
+int coresPerRank(int ranksOnNode) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, hw / std::max(1, ranksOnNode));
+}
+
 int defaultNumThreads(int ranksOnNode) {
   int64_t env = envInt(EnvParam::kNumThreads);
   if (env > 0) return static_cast<int>(env);
-  int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int n = std::max(1, hw / std::max(1, ranksOnNode));
+  const int n = coresPerRank(ranksOnNode);
   const int bound = affinityCores();
   return bound > 0 ? std::min(n, bound) : n;
 }

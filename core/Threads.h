@@ -10,6 +10,8 @@ int numThreads();
 // MT_NUM_THREADS if set, else max(1, hardware threads / ranksOnNode), but no more than the cores
 // this process may run on (a launcher that binds a rank to k cores: more threads would share them).
 int defaultNumThreads(int ranksOnNode);
+// A rank's share of the node: max(1, hardware threads / ranksOnNode).
+int coresPerRank(int ranksOnNode);
 // The cores this process may run on (its affinity mask); 0 when unknown.
 int affinityCores();
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "comm/MpiCommunicator.h"
 #include "core/Allocator.h"
@@ -48,8 +47,7 @@ double Trainer::lastGpuComputeSeconds() {
 // Open MPI binds each of up to two ranks to one core by default: the CPU optimizer step of
 // sharding.offload = cpu then runs on one core (d24 on the H200: 1.35 s a step instead of ~0.1 s).
 void Trainer::warnIfBoundNarrowly() const {
-  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int share = std::max(1, hw / std::max(1, mpi_.localSize())), bound = affinityCores();
+  const int share = coresPerRank(mpi_.localSize()), bound = affinityCores();
   if (!s_.sharding.offloadCpu || bound <= 0 || bound >= share || mpi_.rank() != 0) return;
   MT_LOG_WARN << "sharding.offload = cpu: the launcher bound this rank to " << bound << " core(s) of the " << share
               << " that are its share of the node, and the CPU optimizer step runs on them; launch with "

@@ -65,9 +65,7 @@ ShardedEngine::ShardedEngine(ParamTable& params, Communicator& shardComm, Commun
              "sharding.reduce_dtype must be f32 or bf16");
   device_ = table_.device();
   const int W = shardComm_.size(), r = shardComm_.rank();
-  const Device optDevice = opt_.offloadCpu ? Device::cpu() : device_;
   Allocator& optAlloc = opt_.offloadCpu ? hostAllocatorFor(device_) : allocatorFor(device_);
-  std::vector<OptimSegment> segments;
   for (int u = 0; u < table_.numUnits(); ++u) {
     Unit unit;
     int64_t cursor = 0;
@@ -101,23 +99,31 @@ ShardedEngine::ShardedEngine(ParamTable& params, Communicator& shardComm, Commun
     units_.push_back(std::move(unit));
   }
   refreshGatherCopies();
-  // Optimizer segments: every parameter's piece inside this rank's shards, in unit order, over the
-  // gradient shard itself (f32 or bf16; its host copy with offload).
-  (void)optDevice;
-  for (auto& unit : units_) {
-    const int64_t lo = static_cast<int64_t>(r) * unit.shard;
-    Tensor grad = opt_.offloadCpu ? unit.gradShardHost : unit.gradShard;
-    for (const auto& up : unit.params) {
-      const int64_t a = std::max(lo, up.unitOffset), b = std::min(lo + unit.shard, up.unitOffset + up.param->numel());
-      if (a >= b) continue;
-      segments.push_back({unit.master.flatSlice(a - lo, b - a), grad.flatSlice(a - lo, b - a), up.param->decay,
-                          up.param->offset + (a - up.unitOffset)});
-    }
-  }
-  optimizer_ = makeOptimizer(optim, segments);
+  // Optimizer segments over the gradient shard itself (f32 or bf16; its host copy with offload).
+  std::vector<Tensor> grads;
+  for (auto& unit : units_) grads.push_back(opt_.offloadCpu ? unit.gradShardHost : unit.gradShard);
+  optimizer_ = makeOptimizer(optim, shardSegments(grads));
   table_.releaseStorage();
   if (opt_.offloadCpu && device_.isCuda()) startOffload();
   measureMemory();
+}
+
+std::vector<OptimSegment> ShardedEngine::shardSegments(const std::vector<Tensor>& grads,
+                                                       std::vector<std::pair<size_t, size_t>>* ranges) const {
+  std::vector<OptimSegment> segments;
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    const Unit& unit = units_[ui];
+    const int64_t lo = static_cast<int64_t>(shardComm_.rank()) * unit.shard;
+    const size_t first = segments.size();
+    for (const auto& up : unit.params) {
+      const int64_t a = std::max(lo, up.unitOffset), b = std::min(lo + unit.shard, up.unitOffset + up.param->numel());
+      if (a >= b) continue;
+      segments.push_back({unit.master.flatSlice(a - lo, b - a), grads[ui].flatSlice(a - lo, b - a), up.param->decay,
+                          up.param->offset + (a - up.unitOffset)});
+    }
+    if (ranges) ranges->emplace_back(first, segments.size());
+  }
+  return segments;
 }
 
 ShardedEngine::~ShardedEngine() {

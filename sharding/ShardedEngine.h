@@ -154,6 +154,10 @@ class ShardedEngine final : public ModelHooks {
   double clipOffloaded(float maxNorm);
   void stepOffloaded(float lr);
 
+  // Every parameter's piece inside this rank's shard of each unit, in unit order: values over the
+  // master shard, gradients over grads[unit]; ranges (when given) gets each unit's [first, last).
+  std::vector<OptimSegment> shardSegments(const std::vector<Tensor>& grads,
+                                          std::vector<std::pair<size_t, size_t>>* ranges = nullptr) const;
   void issueGather(int u);
   void waitGather(int u);
   void bindValues(int u);

@@ -99,16 +99,7 @@ void ShardedEngine::startOffload() {
     o.paramHost.push_back(opt_.paramDtype == DType::kF32 ? Tensor()
                                                          : Tensor::empty({u.shard}, opt_.paramDtype, pinned));
   }
-  // Each unit's segments are consecutive in the optimizer (built in unit order).
-  size_t seg = 0;
-  const auto& segs = optimizer_->segments();
-  for (auto& u : units_) {
-    const size_t first = seg;
-    while (seg < segs.size() && segs[seg].grad.sharesStorageWith(u.gradShardHost))
-      ++seg;
-    o.unitSegments.emplace_back(first, seg);
-  }
-  MT_CHECK(seg == segs.size(), "offload: ", segs.size() - seg, " optimizer segments outside the units");
+  shardSegments(o.gradHost[0], &o.unitSegments);  // the optimizer's segments, grouped by unit
   o.worker = std::thread([this] { offloadWorker(); });
 }
 
@@ -228,9 +219,7 @@ void ShardedEngine::copyGradDown(int ui) {
   Unit& u = units_[static_cast<size_t>(ui)];
   // The shard is final on the current stream (its reduction waited, accumulation and replica
   // all-reduce enqueued there): the copy stream starts after it.
-  CudaEvent ready;
-  ready.record(currentStream());
-  CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), ready.get(), 0));
+  streamWaitStream(o.copy.get(), currentStream());
   Tensor& dst = gradTarget(ui);
   CUDA_CHECK(cudaMemcpyAsync(dst.rawData(), u.gradShard.rawData(), u.gradShard.nbytes(),
                              cudaMemcpyDeviceToHost, o.copy.get()));
@@ -267,23 +256,7 @@ void ShardedEngine::settleHostGrads() {
   off_->hostTouched = true;
 }
 
-void ShardedEngine::bindHostGrads(int buffer) {
-  std::vector<OptimSegment> segs = optimizer_->segments();
-  for (size_t ui = 0; ui < units_.size(); ++ui) {
-    const Tensor& g = off_->gradHost[buffer][ui];
-    const int64_t lo = static_cast<int64_t>(shardComm_.rank()) * units_[ui].shard;
-    const auto [first, last] = off_->unitSegments[ui];
-    size_t k = first;
-    for (const auto& up : units_[ui].params) {
-      const int64_t a = std::max(lo, up.unitOffset),
-                    b = std::min(lo + units_[ui].shard, up.unitOffset + up.param->numel());
-      if (a >= b) continue;
-      segs[k++].grad = g.flatSlice(a - lo, b - a);
-    }
-    MT_CHECK(k == last, "offload: unit ", ui, " rebinds ", k - first, " of ", last - first, " segments");
-  }
-  optimizer_->rebind(std::move(segs));
-}
+void ShardedEngine::bindHostGrads(int buffer) { optimizer_->rebind(shardSegments(off_->gradHost[buffer])); }
 
 double ShardedEngine::clipOffloaded(float maxNorm) {
   if (off_->hostTouched) {  // the host gradients are the ones to clip (unscaled there)
@@ -295,10 +268,7 @@ double ShardedEngine::clipOffloaded(float maxNorm) {
   for (const auto& u : units_)
     local += cuda::sumOfSquares(u.gradShard);  // padding is zero
   const double norm = std::sqrt(shardComm_.allReduceScalar(local, ReduceOp::kSum));
-  if (maxNorm > 0.f) {
-    const double coef = static_cast<double>(maxNorm) / (norm + 1e-6);  // as core/optim's clipGradNorm
-    off_->clip = coef < 1.0 ? static_cast<float>(coef) : 1.f;
-  }
+  off_->clip = clipFactor(norm, maxNorm);
   return norm;
 }
 

@@ -91,15 +91,19 @@ void clipGradNormInPlace(const std::vector<OptimSegment>& segments, float maxNor
   clipGradNorm(segments, maxNorm);
 }
 
+float clipFactor(double norm, float maxNorm) {
+  if (maxNorm <= 0.f) return 1.f;
+  const double coef = static_cast<double>(maxNorm) / (norm + 1e-6);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.f;
+}
+
 double clipGradNorm(const std::vector<OptimSegment>& segments, float maxNorm,
                     const std::function<double(double)>& allReduceSum) {
   double sq = sumOfSquares(segments);
   if (allReduceSum) sq = allReduceSum(sq);
   const double norm = std::sqrt(sq);
-  if (maxNorm > 0.f) {
-    const double coef = static_cast<double>(maxNorm) / (norm + 1e-6);
-    if (coef < 1.0) scaleGrads(segments, static_cast<float>(coef));
-  }
+  const float coef = clipFactor(norm, maxNorm);
+  if (coef != 1.f) scaleGrads(segments, coef);
   return norm;
 }
 

@@ -14,6 +14,9 @@ namespace mt {
 double sumOfSquares(const std::vector<OptimSegment>& segments);
 void scaleGrads(const std::vector<OptimSegment>& segments, float factor);
 // Returns the norm before clipping. maxNorm <= 0 only measures.
+// The factor gradients of global norm `norm` are scaled by to clip them to maxNorm (PyTorch's
+// clip_grad_norm_: maxNorm / (norm + 1e-6) when below 1); 1 when maxNorm <= 0 or no clip is due.
+float clipFactor(double norm, float maxNorm);
 double clipGradNorm(const std::vector<OptimSegment>& segments, float maxNorm,
                     const std::function<double(double)>& allReduceSum = nullptr);
 // The same clipping of replicated gradients (no cross-rank sum) without returning the norm: on the
