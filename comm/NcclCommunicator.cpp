@@ -222,9 +222,20 @@ std::shared_ptr<Work> NcclCommunicator::runHost(CollectiveOp op, size_t inBytes,
   return w;
 }
 
+// A communicator of one rank (one GPU per node: its intra-node group; a rail of one node) reduces
+// nothing: a copy on the comm stream, ordered and traced like the collective. NCCL's own one-rank
+// kernel for reductions drops the buffer's last elements for ncclAvg (PreMulSum) when the count is
+// not a multiple of its block split (NVIDIA/nccl#1950, fixed in 2.29.7): measured here with NCCL
+// 2.28 on the H200 as 14 zeroed gradient elements at the end of a sharding unit, which sent a
+// one-rank NCCL full_shard run off the CPU curve (docs/performance.md).
+void NcclCommunicator::oneRankCopy(const void* in, void* out, size_t bytes, cudaStream_t s) {
+  if (in != out && bytes) CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, s));
+}
+
 std::shared_ptr<Work> NcclCommunicator::allReduce(void* buf, size_t count, DType dtype, ReduceOp op, Device device) {
   const size_t bytes = count * dtypeSize(dtype);
   auto issue = [=](const void* in, void* out, cudaStream_t s) {
+    if (size_ == 1) return oneRankCopy(in, out, bytes, s);
     NCCL_CHECK(ncclAllReduce(in, out, count, ncclType(dtype), ncclOp(op), comm_, s));
   };
   if (device.isCpu()) return runHost(CollectiveOp::kAllReduce, bytes, bytes, dtype, buf, buf, issue);
@@ -235,6 +246,7 @@ std::shared_ptr<Work> NcclCommunicator::reduceScatter(const void* in, void* out,
                                                       ReduceOp op, Device device) {
   const size_t outBytes = countPerRank * dtypeSize(dtype), inBytes = outBytes * static_cast<size_t>(size_);
   auto issue = [=](const void* i, void* o, cudaStream_t s) {
+    if (size_ == 1) return oneRankCopy(i, o, outBytes, s);
     NCCL_CHECK(ncclReduceScatter(i, o, countPerRank, ncclType(dtype), ncclOp(op), comm_, s));
   };
   if (device.isCpu()) return runHost(CollectiveOp::kReduceScatter, inBytes, outBytes, dtype, in, out, issue);
@@ -245,6 +257,7 @@ std::shared_ptr<Work> NcclCommunicator::allGather(const void* in, void* out, siz
                                                   Device device) {
   const size_t inBytes = countPerRank * dtypeSize(dtype), outBytes = inBytes * static_cast<size_t>(size_);
   auto issue = [=](const void* i, void* o, cudaStream_t s) {
+    if (size_ == 1) return oneRankCopy(i, o, outBytes, s);
     NCCL_CHECK(ncclAllGather(i, o, countPerRank, ncclType(dtype), comm_, s));
   };
   if (device.isCpu()) return runHost(CollectiveOp::kAllGather, inBytes, outBytes, dtype, in, out, issue);
@@ -254,6 +267,7 @@ std::shared_ptr<Work> NcclCommunicator::allGather(const void* in, void* out, siz
 std::shared_ptr<Work> NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root, Device device) {
   const size_t bytes = count * dtypeSize(dtype);
   auto issue = [=](const void* i, void* o, cudaStream_t s) {
+    if (size_ == 1) return oneRankCopy(i, o, bytes, s);
     NCCL_CHECK(ncclBroadcast(i, o, count, ncclType(dtype), root, comm_, s));
   };
   if (device.isCpu()) return runHost(CollectiveOp::kBroadcast, bytes, bytes, dtype, buf, buf, issue);

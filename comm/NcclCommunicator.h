@@ -65,6 +65,9 @@ class NcclCommunicator final : public Communicator {
                             const std::function<void(cudaStream_t)>& issue);
   std::shared_ptr<Work> runHost(CollectiveOp op, size_t inBytes, size_t outBytes, DType dtype, const void* in, void* out,
                                 const std::function<void(const void*, void*, cudaStream_t)>& issue);
+  // The collective of a one-rank communicator: a device copy on `s` (NCCL 2.28's one-rank
+  // reduction loses elements, see the .cpp).
+  void oneRankCopy(const void* in, void* out, size_t bytes, cudaStream_t s);
   void waitForCompletionOfInit(const char* what);
   void watchdogLoop();
   void fail(const std::string& reason, bool timeout);

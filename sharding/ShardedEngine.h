@@ -141,7 +141,9 @@ class ShardedEngine final : public ModelHooks {
   void startOffload();
   void stopOffload() noexcept;
   void offloadWorker();
-  void uploadParams(int u);
+  void uploadParams(int u);  // packParams + sendParams
+  void packParams(int u);    // master shard -> pinned stage in the gather dtype (bf16); f32: nothing
+  void sendParams(int u);    // stage (or f32 master) -> gather copy on the copy stream
   void uploadAllParams();
   Tensor& gradTarget(int u);
   void copyGradDown(int u);

@@ -17,6 +17,7 @@
 // The gradient clip's norm comes from the device shards (no host pass) unless something read the
 // host gradients first (the f16 loss scaler's unscale), then the host path of core/optim.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -114,28 +115,36 @@ void ShardedEngine::stopOffload() noexcept {
 }
 
 void ShardedEngine::uploadParams(int ui) {
+  packParams(ui);
+  sendParams(ui);
+}
+
+void ShardedEngine::packParams(int ui) {
   Offload& o = *off_;
   Unit& u = units_[static_cast<size_t>(ui)];
-  const cudaStream_t s = o.copy.get();
-  if (u.gatherCopy.dtype() == DType::kF32) {
-    CUDA_CHECK(cudaMemcpyAsync(u.gatherCopy.rawData(), u.master.rawData(), u.master.nbytes(),
-                               cudaMemcpyHostToDevice, s));
-  } else {
-    Tensor& stage = o.paramHost[static_cast<size_t>(ui)];
-    if (o.paramsSent[static_cast<size_t>(ui)])
-      o.paramsUp[static_cast<size_t>(ui)].synchronize();  // last upload read it
-    convertInto(stage, u.master);                         // on the host: half the bytes cross the bus
-    CUDA_CHECK(
-        cudaMemcpyAsync(u.gatherCopy.rawData(), stage.rawData(), stage.nbytes(), cudaMemcpyHostToDevice, s));
-  }
-  o.paramsUp[static_cast<size_t>(ui)].record(s);
+  if (u.gatherCopy.dtype() == DType::kF32) return;  // sent from the master shard itself
+  if (o.paramsSent[static_cast<size_t>(ui)])
+    o.paramsUp[static_cast<size_t>(ui)].synchronize();  // the last upload has read the stage
+  convertInto(o.paramHost[static_cast<size_t>(ui)], u.master);  // on the host: half the bytes cross the bus
+}
+
+void ShardedEngine::sendParams(int ui) {
+  Offload& o = *off_;
+  Unit& u = units_[static_cast<size_t>(ui)];
+  const Tensor& src = u.gatherCopy.dtype() == DType::kF32 ? u.master : o.paramHost[static_cast<size_t>(ui)];
+  CUDA_CHECK(cudaMemcpyAsync(u.gatherCopy.rawData(), src.rawData(), src.nbytes(), cudaMemcpyHostToDevice,
+                             o.copy.get()));
+  o.paramsUp[static_cast<size_t>(ui)].record(o.copy.get());
   o.paramsSent[static_cast<size_t>(ui)] = 1;
 }
 
 void ShardedEngine::offloadWorker() {
   Offload& o = *off_;
   if (cudaSetDevice(o.device) != cudaSuccess) cudaGetLastError();  // reported by the first CUDA_CHECK
-  setNumThreads(numThreads());  // OpenMP's thread count is per thread: the rank's budget here too
+  // OpenMP's thread count is per thread: the rank's budget, less one core for the training thread,
+  // which launches the GPU's kernels meanwhile (with all cores busy here it was descheduled and the
+  // GPU idled: the delayed update hid only a third of the CPU step, H200 2026-12-04).
+  setNumThreads(std::max(1, numThreads() - 1));
   std::unique_lock<std::mutex> lock(o.mutex);
   while (true) {
     o.cv.wait(lock, [&] { return o.stop || o.queued; });
@@ -161,7 +170,9 @@ void ShardedEngine::offloadWorker() {
                                                segs.begin() + static_cast<std::ptrdiff_t>(last)),
                      clip);
         optimizer_->stepSegments(lr, first, last);
+        // Delayed update: packed now, sent at the next step() (the training thread only enqueues).
         if (upload) uploadParams(static_cast<int>(ui));
+        else packParams(static_cast<int>(ui));
         {
           std::lock_guard<std::mutex> g(o.mutex);
           o.unitsDone = ui + 1;
@@ -280,7 +291,7 @@ void ShardedEngine::stepOffloaded(float lr) {
     CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), o.gathersDone.get(), 0));
     if (optimizer_->stepCount() > 0)
       for (size_t ui = 0; ui < units_.size(); ++ui)
-        uploadParams(static_cast<int>(ui));
+        sendParams(static_cast<int>(ui));  // packed by the worker after its update
   }
   bindHostGrads(o.target);
   {
