@@ -100,17 +100,21 @@ class Slurm(unittest.TestCase):
         self.assertGreater(final[0]["test_accuracy"], 0.7)
 
     def test_srun_preemption_requeues_and_resumes(self):
-        total = ["--train.max_steps=1200"]
+        # Long enough that the signal lands before the end on an idle machine too: 1200 steps ran out
+        # in ~4 s there, before the 0.5 s polling and scancel's delivery got to it (CI of 8b3d8b9).
+        steps_total = 4000
+        total = [f"--train.max_steps={steps_total}"]
         jid, run_dir, out = self.submit("train_srun.sbatch", 2, total, "preempt")
         wait_state(jid, {"RUNNING"}, 300)
         # Preempt once the run is well underway (a checkpoint exists only at the signal).
         metrics = os.path.join(run_dir, "metrics.jsonl")
         t0 = time.time()
         while time.time() - t0 < 300:
-            if os.path.exists(metrics) and any(json.loads(l).get("step", 0) >= 200 and json.loads(l)["type"] == "step"
-                                               for l in open(metrics)):
-                break
-            time.sleep(0.5)
+            if os.path.exists(metrics):
+                with open(metrics) as f:
+                    if any(json.loads(l).get("step", 0) >= 100 and json.loads(l)["type"] == "step" for l in f):
+                        break
+            time.sleep(0.1)
         p = sh(["scancel", "--signal=USR1", "--batch", str(jid)])
         self.assertEqual(p.returncode, 0, p.stderr)
         f = wait_state(jid, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 900, kick_pending=True)
@@ -119,10 +123,10 @@ class Slurm(unittest.TestCase):
         self.assertEqual(f["Restarts"], "1", log[-3000:])
         self.assertIn("launcher srun", log)
         self.assertIn("requeueing job", log)
-        m = re.search(r"preempted at step (\d+) of 1200", log)
+        m = re.search(rf"preempted at step (\d+) of {steps_total}", log)
         self.assertTrue(m, log[-3000:])
         stopped = int(m.group(1))
-        self.assertLess(stopped, 1200)
+        self.assertLess(stopped, steps_total)
         self.assertIn(f"at step {stopped} (written by", log)  # the resume message
         final_slurm = re.findall(r"final test_accuracy=\S+ test_loss=\S+", log)
         self.assertEqual(len(final_slurm), 1)
