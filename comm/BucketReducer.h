@@ -36,6 +36,10 @@ class BucketReducer {
   virtual void wait(const Bucket& bucket, Tensor grads) = 0;
   // The Work of the bucket's (last) collective, for traces; null before its first launch.
   std::shared_ptr<Work> lastWork(int bucket) const;
+  // The bucket's first collective (its start in traces) where it has several; else lastWork.
+  virtual std::shared_ptr<Work> firstWork(int bucket) const { return lastWork(bucket); }
+  // The bucket's inter-node phase where the reducer has one (hierarchical), for traces.
+  virtual std::shared_ptr<Work> interWork(int bucket) const { return nullptr; }
   // Totals since the last call (metrics).
   CompressionStats takeStats();
 

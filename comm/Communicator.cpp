@@ -41,6 +41,22 @@ std::shared_ptr<Work> Communicator::allGather(const Tensor& in, Tensor& out) {
   return w;
 }
 
+std::shared_ptr<Work> Communicator::allReduce(Tensor& t, ReduceOp op, const std::shared_ptr<Work>& after) {
+  if (!after) return allReduce(t, op);
+  return issueAfter(after, [&] { return allReduce(t, op); });
+}
+
+std::shared_ptr<Work> Communicator::allGather(const Tensor& in, Tensor& out, const std::shared_ptr<Work>& after) {
+  if (!after) return allGather(in, out);
+  return issueAfter(after, [&] { return allGather(in, out); });
+}
+
+std::shared_ptr<Work> Communicator::issueAfter(const std::shared_ptr<Work>& dep,
+                                               const std::function<std::shared_ptr<Work>()>& issue) {
+  dep->wait(timeout());
+  return issue();
+}
+
 std::shared_ptr<Work> Communicator::broadcast(Tensor& t, int root) {
   MT_CHECK(t.isContiguous(), "broadcast of non-contiguous ", t.str());
   auto w = broadcast(t.rawData(), static_cast<size_t>(t.numel()), t.dtype(), root, t.device());

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,6 +65,12 @@ class Communicator {
   std::shared_ptr<Work> reduceScatter(const Tensor& in, Tensor& out, ReduceOp op);
   std::shared_ptr<Work> allGather(const Tensor& in, Tensor& out);
   std::shared_ptr<Work> broadcast(Tensor& t, int root);
+  // Chained ops: the op starts once `after` (an op of another communicator of the same backend,
+  // e.g. the previous phase of a hierarchical reduction) has completed, and the caller does not
+  // wait for it (MPI: this communicator's progress thread waits; NCCL: its stream waits on the
+  // op's event). A null `after` is the plain op.
+  std::shared_ptr<Work> allReduce(Tensor& t, ReduceOp op, const std::shared_ptr<Work>& after);
+  std::shared_ptr<Work> allGather(const Tensor& in, Tensor& out, const std::shared_ptr<Work>& after);
   // Blocking helpers with the communicator's timeout.
   void allReduceSync(Tensor& t, ReduceOp op);
   double allReduceScalar(double v, ReduceOp op);
@@ -78,6 +85,10 @@ class Communicator {
   int64_t opsIssued();
 
  protected:
+  // Issues one op of this communicator (`issue`) ordered after `dep`. The default waits for dep on
+  // the host first: right for backends whose ops complete when issued (local).
+  virtual std::shared_ptr<Work> issueAfter(const std::shared_ptr<Work>& dep,
+                                           const std::function<std::shared_ptr<Work>()>& issue);
   // Backends call this for every op they create, in issue order (W: the backend's Work type).
   template <typename W = Work>
   std::shared_ptr<W> newWork(CollectiveOp op, size_t bytes, DType dtype) {

@@ -105,10 +105,13 @@ void DataParallel::finishBackward() {
   while (nextToLaunch_ < static_cast<int>(buckets_.size())) launch(nextToLaunch_++);
   for (const Bucket& bucket : buckets_) {
     reducer_->wait(bucket, table_.flatGrads().flatSlice(bucket.offset, bucket.numel));
-    if (auto w = reducer_->lastWork(bucket.index)) {
+    BucketTrace& t = trace_[static_cast<size_t>(bucket.index)];
+    if (auto w = reducer_->firstWork(bucket.index)) t.startedUs = w->record().startedUs;
+    if (auto w = reducer_->lastWork(bucket.index)) t.doneUs = w->record().completedUs;
+    if (auto w = reducer_->interWork(bucket.index)) {
       CollectiveRecord r = w->record();
-      trace_[static_cast<size_t>(bucket.index)].startedUs = r.startedUs;
-      trace_[static_cast<size_t>(bucket.index)].doneUs = r.completedUs;
+      t.interStartedUs = r.startedUs;
+      t.interDoneUs = r.completedUs;
     }
   }
   if (opt_.rebuildBuckets && !rebuilt_) rebuildPending_ = true;

@@ -32,6 +32,7 @@ struct BucketTrace {
   int64_t readyUs = 0;    // last gradient written, reduction launched
   int64_t startedUs = 0;  // communication began (progress thread)
   int64_t doneUs = 0;
+  int64_t interStartedUs = 0, interDoneUs = 0;  // the inter-node phase (hierarchical), 0 if none
 };
 
 class DataParallel final : public ModelHooks {

@@ -10,6 +10,7 @@ NodeGroups::NodeGroups(Communicator& world, int ranksPerNode) : world_(world), L
   const int r = world.rank();
   intra_ = world.split(r / L_, r, world.name() + ".intra");
   inter_ = world.split(r % L_, r, world.name() + ".inter");
+  gather_ = world.split(r / L_, r, world.name() + ".intra-gather");
 }
 
 void NodeGroups::allReduce(Tensor& t, ReduceOp op) {
@@ -37,8 +38,11 @@ void HierarchicalReducer::launch(const Bucket& bucket, Tensor grads) {
     s.slice = Tensor::empty({chunk}, grads.dtype(), grads.device());
   }
   s.padded.flatSlice(0, n).copyFrom(grads);
+  // Averages compose: mean over the node, then mean over nodes = mean over the world.
   s.rs = g_.intra().reduceScatter(s.padded, s.slice, ReduceOp::kAvg);
-  setWork(bucket.index, s.rs);  // traces time the bucket by its first collective
+  s.ar = g_.inter().allReduce(s.slice, ReduceOp::kAvg, s.rs);
+  s.ag = g_.intraGather().allGather(s.slice, s.padded, s.ar);
+  setWork(bucket.index, s.ag);  // traces: the bucket is done with its last phase
   const int64_t bytes = static_cast<int64_t>(grads.nbytes());
   stats_.bytesBefore += bytes;
   stats_.bytesAfter += bytes;
@@ -46,10 +50,16 @@ void HierarchicalReducer::launch(const Bucket& bucket, Tensor grads) {
 
 void HierarchicalReducer::wait(const Bucket& bucket, Tensor grads) {
   State& s = state_.at(static_cast<size_t>(bucket.index));
-  s.rs->wait(g_.intra().timeout());
-  g_.inter().allReduce(s.slice, ReduceOp::kAvg)->wait(g_.inter().timeout());
-  g_.intra().allGather(s.slice, s.padded)->wait(g_.intra().timeout());
+  s.ag->wait(g_.intraGather().timeout());
   grads.copyFrom(s.padded.flatSlice(0, grads.numel()));
+}
+
+std::shared_ptr<Work> HierarchicalReducer::firstWork(int bucket) const {
+  return static_cast<size_t>(bucket) < state_.size() ? state_[static_cast<size_t>(bucket)].rs : nullptr;
+}
+
+std::shared_ptr<Work> HierarchicalReducer::interWork(int bucket) const {
+  return static_cast<size_t>(bucket) < state_.size() ? state_[static_cast<size_t>(bucket)].ar : nullptr;
 }
 
 }  // namespace mt

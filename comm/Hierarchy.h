@@ -5,6 +5,14 @@
 //   3. all-gather inside the node.
 // Every byte crosses the network once per node instead of once per GPU: what NCCL's ring does
 // implicitly, made explicit and usable on the MPI backend, and selectable for data parallelism.
+// The inter-node communicator joins the ranks with the same local rank: with one GPU per rail NIC
+// (the rail-optimised layout topo/RankLayout prints) it is that rail's communicator.
+// Per bucket the three phases are chained ops (Communicator: `after`) issued together as the
+// bucket fills during backward, so the inter-node phase of early buckets runs while backward
+// still computes later ones. The all-gathers have a communicator of their own (a second split of
+// the node): on the intra-node one an all-gather waiting for the network would hold back the
+// next bucket's reduce-scatter queued behind it, and every communicator sees its ops in bucket
+// order on every rank (the collective contract; NCCL deadlocks otherwise).
 // Nodes are the real ones (MPI_COMM_TYPE_SHARED) or emulated (MT_NODE_SPLIT / topo.node_ranks).
 
 #include <memory>
@@ -21,6 +29,7 @@ class NodeGroups {
   Communicator& world() { return world_; }
   Communicator& intra() { return *intra_; }
   Communicator& inter() { return *inter_; }
+  Communicator& intraGather() { return *gather_; }  // the node again, for the last phase
   int ranksPerNode() const { return L_; }
   int numNodes() const { return world_.size() / L_; }
 
@@ -30,22 +39,24 @@ class NodeGroups {
  private:
   Communicator& world_;
   int L_;
-  std::unique_ptr<Communicator> intra_, inter_;
+  std::unique_ptr<Communicator> intra_, inter_, gather_;
 };
 
-// Data-parallel buckets reduced hierarchically: launch() starts the intra-node reduce-scatter
-// (overlapping backward); wait() finishes the inter-node all-reduce and intra-node all-gather.
+// Data-parallel buckets reduced hierarchically: launch() issues all three phases, chained, as the
+// bucket fills during backward; wait() waits for the last and copies the result into the bucket.
 class HierarchicalReducer final : public BucketReducer {
  public:
   explicit HierarchicalReducer(NodeGroups& groups) : g_(groups) {}
   std::string name() const override { return "hierarchical"; }
   void launch(const Bucket& bucket, Tensor grads) override;
   void wait(const Bucket& bucket, Tensor grads) override;
+  std::shared_ptr<Work> firstWork(int bucket) const override;
+  std::shared_ptr<Work> interWork(int bucket) const override;
 
  private:
   struct State {
     Tensor padded, slice;
-    std::shared_ptr<Work> rs;
+    std::shared_ptr<Work> rs, ar, ag;
   };
   NodeGroups& g_;
   std::vector<State> state_;

@@ -152,6 +152,24 @@ MpiCommunicator::~MpiCommunicator() {
   }
 }
 
+namespace {
+// The dependency of the op the calling thread is issuing (issueAfter -> enqueue on one thread).
+thread_local const std::shared_ptr<Work>* tlAfter = nullptr;
+}  // namespace
+
+std::shared_ptr<Work> MpiCommunicator::issueAfter(const std::shared_ptr<Work>& dep,
+                                                  const std::function<std::shared_ptr<Work>()>& issue) {
+  tlAfter = &dep;
+  try {
+    auto w = issue();
+    tlAfter = nullptr;
+    return w;
+  } catch (...) {
+    tlAfter = nullptr;
+    throw;
+  }
+}
+
 std::shared_ptr<Work> MpiCommunicator::enqueue(CollectiveOp op, size_t bytes, DType dtype, Descriptor desc,
                                                std::function<void(Task&)> run, std::function<void()> finish,
                                                bool p2p, Device device) {
@@ -167,6 +185,10 @@ std::shared_ptr<Work> MpiCommunicator::enqueue(CollectiveOp op, size_t bytes, DT
 #endif
   }
   task->work = newWork(op, bytes, dtype);
+  if (tlAfter) {
+    task->after = *tlAfter;
+    tlAfter = nullptr;  // one op per issueAfter
+  }
   task->desc = desc;
   task->desc.op = static_cast<int64_t>(op);
   task->p2p = p2p;
@@ -259,8 +281,11 @@ void MpiCommunicator::progressLoop() {
         task->work->markFailed(std::make_exception_ptr(PeerLostError(abortReason_)));
         continue;
       }
-      task->work->markStarted();
       try {
+        // A chained op waits for its predecessor (another communicator's progress thread) here,
+        // so its own start time is when it could run.
+        if (task->after) task->after->wait(timeout());
+        task->work->markStarted();
 #ifdef MT_WITH_CUDA
         if (task->deviceReady) {
           if (!staging) {

@@ -62,7 +62,10 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request = MPI_REQUEST_NULL;
     std::function<void()> finish;          // after completion (avg division, unstaging)
     std::shared_ptr<void> deviceReady;     // CUDA event on the caller's stream (device buffers)
+    std::shared_ptr<Work> after;           // chained op: the progress thread waits for it first
   };
+  std::shared_ptr<Work> issueAfter(const std::shared_ptr<Work>& dep,
+                                   const std::function<std::shared_ptr<Work>()>& issue) override;
 
   std::shared_ptr<Work> enqueue(CollectiveOp op, size_t bytes, DType dtype, Descriptor desc,
                                 std::function<void(Task&)> run, std::function<void()> finish = nullptr,

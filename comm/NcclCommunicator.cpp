@@ -180,6 +180,24 @@ void NcclCommunicator::watchdogLoop() {
   }
 }
 
+namespace {
+// The dependency of the op the calling thread is issuing (issueAfter -> run on one thread).
+thread_local const std::shared_ptr<Work>* tlAfter = nullptr;
+}  // namespace
+
+std::shared_ptr<Work> NcclCommunicator::issueAfter(const std::shared_ptr<Work>& dep,
+                                                   const std::function<std::shared_ptr<Work>()>& issue) {
+  tlAfter = &dep;
+  try {
+    auto w = issue();
+    tlAfter = nullptr;
+    return w;
+  } catch (...) {
+    tlAfter = nullptr;
+    throw;
+  }
+}
+
 std::shared_ptr<Work> NcclCommunicator::run(CollectiveOp op, size_t bytes, DType dtype,
                                             const std::vector<const void*>& buffers,
                                             const std::function<void(cudaStream_t)>& issue) {
@@ -187,6 +205,12 @@ std::shared_ptr<Work> NcclCommunicator::run(CollectiveOp op, size_t bytes, DType
   auto work = newWork<NcclWork>(op, bytes, dtype);
   cudaStream_t caller = currentStream();
   streamWaitStream(stream_.get(), caller);
+  if (tlAfter) {  // chained: this comm's stream waits for the predecessor's event, not the caller
+    const std::shared_ptr<Work> dep = *tlAfter;
+    tlAfter = nullptr;
+    StreamGuard g(stream_.get());
+    dep->wait(timeout());
+  }
   CudaRuntime& rt = CudaRuntime::require();
   for (const void* b : buffers) rt.allocator().recordStream(b, stream_.get());
   work->markStarted();

@@ -68,6 +68,8 @@ class NcclCommunicator final : public Communicator {
   // The collective of a one-rank communicator: a device copy on `s` (NCCL 2.28's one-rank
   // reduction loses elements, see the .cpp).
   void oneRankCopy(const void* in, void* out, size_t bytes, cudaStream_t s);
+  std::shared_ptr<Work> issueAfter(const std::shared_ptr<Work>& dep,
+                                   const std::function<std::shared_ptr<Work>()>& issue) override;
   void waitForCompletionOfInit(const char* what);
   void watchdogLoop();
   void fail(const std::string& reason, bool timeout);

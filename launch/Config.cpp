@@ -300,6 +300,7 @@ std::string configHelp() {
   os << "usage: trainer [--config FILE.ini] [--section.key=value ...]   train (under mpirun/srun for several ranks)\n"
         "       trainer --help          this text: every key with its default\n"
         "       trainer --help-env      the MT_* environment variables\n"
+        "       trainer --help-nccl     the NCCL_* variables profiles and the environment are checked against\n"
         "       trainer --config-reference   every key as the README's markdown table\n"
         "       trainer --devices       how many GPUs this build can use here\n"
         "       trainer topo --help     read an NCCL topology file (GPUs, NICs, rails, fabric)\n"

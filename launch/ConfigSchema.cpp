@@ -184,6 +184,10 @@ const std::vector<ConfigKey>& configSchema() {
       boolean("topo.bind_cpus", "true",
               "cuda: bind each rank to the CPU cores of its GPU's NUMA node, found by PCI bus id in topo.file "
               "(a file without this machine's bus ids is refused: exit 2)"),
+      boolean("topo.report", "false",
+              "rank 0 writes <run_dir>/nccl_report.json: NCCL's version, every NCCL_* variable in effect and where "
+              "it came from, each communicator's groups of ranks, and the rings, trees and NICs NCCL chose (read "
+              "from its NCCL_DEBUG=INFO output, which goes to <run_dir>/nccl-debug.<host>.<pid>.log)"),
   };
   return kSchema;
 }

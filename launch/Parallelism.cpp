@@ -9,6 +9,11 @@ namespace mt {
 
 namespace {
 
+std::vector<Communicator*> groupsOf(NodeGroups* g) {
+  if (!g) return {};
+  return {&g->intra(), &g->inter()};
+}
+
 // Node groups of `L` ranks over `world`, once for whichever strategy needs them.
 std::unique_ptr<NodeGroups> makeGroups(const Config& cfg, Communicator& world, int L) {
   if (world.size() % L != 0)
@@ -83,6 +88,7 @@ class Replicated final : public Parallelism {
   std::vector<BucketTrace> bucketTrace() const override { return dp_ ? dp_->lastTrace() : std::vector<BucketTrace>{}; }
   int64_t backwardEndUs() const override { return dp_ ? dp_->backwardEndUs() : wallMicros(); }
   CheckpointRole checkpointRole() const override { return {}; }
+  std::vector<Communicator*> groupCommunicators() override { return groupsOf(groups_.get()); }
 
  private:
   Model& model_;
@@ -126,9 +132,10 @@ class Sharded final : public Parallelism {
   void afterLoad() override { engine_->refreshGatherCopies(); }
   MemoryAccount measureMemory() override { return engine_->measureMemory(); }
   CommReport takeCommReport() override { return {}; }
-  std::vector<BucketTrace> bucketTrace() const override { return {}; }
-  int64_t backwardEndUs() const override { return wallMicros(); }
+  std::vector<BucketTrace> bucketTrace() const override { return engine_->lastTrace(); }
+  int64_t backwardEndUs() const override { return engine_->backwardEndUs(); }
   CheckpointRole checkpointRole() const override { return {false, engine_->isReplicaWriter()}; }
+  std::vector<Communicator*> groupCommunicators() override { return groupsOf(groups_.get()); }
 
  private:
   Model& model_;

@@ -67,6 +67,8 @@ class Parallelism {
   virtual std::vector<BucketTrace> bucketTrace() const = 0;
   virtual int64_t backwardEndUs() const = 0;
   virtual CheckpointRole checkpointRole() const = 0;
+  // The communicators built besides the world (node groups: intra-node, inter-node), for reports.
+  virtual std::vector<Communicator*> groupCommunicators() = 0;
 };
 
 // Builds the strategy of `s` for `model` (parameters initialised) over `world`; ranksPerNode is

@@ -163,7 +163,8 @@ void RunReporter::traceStep(int64_t step, int64_t backwardStartUs, const Paralle
   nlohmann::json buckets = nlohmann::json::array();
   for (const auto& b : parallelism.bucketTrace())
     buckets.push_back({{"bucket", b.bucket}, {"bytes", b.bytes}, {"ready_us", b.readyUs}, {"started_us", b.startedUs},
-                       {"done_us", b.doneUs}});
+                       {"done_us", b.doneUs}, {"inter_started_us", b.interStartedUs},
+                       {"inter_done_us", b.interDoneUs}});
   j["buckets"] = buckets;
   *trace_ << j.dump() << '\n';
 }

@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -30,6 +31,23 @@ TopologySetup applyTopology(const Settings& s, int rank) {
   }
   // NCCL reads its environment at the first call: everything is exported here, before any.
   if (t.profile) t.ncclEnv = t.profile->apply();
+  if (s.topoReport) {
+    // NCCL's own account of its choices, one file per process in the run directory (a profile's
+    // or the user's NCCL_DEBUG* settings win; the report then says what is missing).
+    std::error_code ec;
+    std::filesystem::create_directories(s.runDir, ec);
+    const std::pair<const char*, std::string> debug[] = {
+        {"NCCL_DEBUG", "INFO"},
+        {"NCCL_DEBUG_SUBSYS", "INIT,GRAPH,ENV,NET"},
+        {"NCCL_DEBUG_FILE", s.runDir + "/" + kNcclDebugFilePrefix + "%h.%p.log"}};
+    for (const auto& [key, value] : debug) {
+      bool listed = false;
+      for (const auto& l : t.ncclEnv) listed = listed || l.rfind(std::string(key) + "=", 0) == 0;
+      if (listed || std::getenv(key)) continue;
+      setenv(key, value.c_str(), 0);
+      t.ncclEnv.push_back(std::string(key) + "=" + value + " (topo.report)");
+    }
+  }
   if (!s.topoFile.empty()) {
     if (std::getenv("NCCL_TOPO_FILE")) {
       t.ncclEnv.push_back(std::string("NCCL_TOPO_FILE=") + std::getenv("NCCL_TOPO_FILE") + " (environment)");
@@ -38,7 +56,11 @@ TopologySetup applyTopology(const Settings& s, int rank) {
       t.ncclEnv.push_back("NCCL_TOPO_FILE=" + s.topoFile + " (topo.file)");
     }
   }
+  // Set outside any profile, these steer NCCL as much: listed too, and checked against the table.
+  std::vector<std::string> warnings;
+  for (auto& l : environmentNcclVars(t.ncclEnv, &warnings)) t.ncclEnv.push_back(std::move(l));
   if (rank == 0) {
+    for (const auto& w : warnings) MT_LOG_WARN << w;
     for (const auto& l : t.ncclEnv) MT_LOG_INFO << "nccl env: " << l;
     if (t.topology) MT_LOG_INFO << t.topology->summary();
   }

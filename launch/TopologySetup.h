@@ -13,13 +13,18 @@
 
 namespace mt {
 
+// topo.report: NCCL_DEBUG_FILE = <run_dir>/<prefix><host>.<pid>.log
+constexpr const char* kNcclDebugFilePrefix = "nccl-debug.";
+
 struct TopologySetup {
   std::unique_ptr<Topology> topology;  // topo.file, when given
   std::unique_ptr<Profile> profile;    // topo.profile, when given
   std::vector<std::string> ncclEnv;    // "NAME=value (origin)", as exported
 };
 
-// Loads both, exports the profile's variables and NCCL_TOPO_FILE; rank 0 logs them.
+// Loads both, exports the profile's variables and NCCL_TOPO_FILE (and with topo.report NCCL's debug
+// output to the run directory); lists every NCCL_* variable in effect, checking those set in the
+// environment (a bad value: ConfigError); rank 0 logs them.
 TopologySetup applyTopology(const Settings& s, int rank);
 // Binds the calling process to the cores of CUDA device `device`'s NUMA node, found by PCI bus id
 // in the topology (by index when no bus id matches). A no-op without CUDA or a matching CPU.

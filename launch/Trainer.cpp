@@ -13,6 +13,7 @@
 #include "core/Threads.h"
 #include "core/Timer.h"
 #include "launch/Failure.h"
+#include "launch/NcclReport.h"
 #include "models/layers/SoftmaxCrossEntropy.h"
 
 #ifdef MT_WITH_CUDA
@@ -246,6 +247,7 @@ void Trainer::writeRunFiles() {
   // The preemption marker of a previous attempt is stale now (scripts/slurm requeue on it).
   if (world_->rank() == 0) fs::remove(runDir_ + "/PREEMPTED", ec);
   if (world_->rank() == 0 && (!topo_.ncclEnv.empty() || topo_.profile)) writeNcclEnv(runDir_ + "/nccl.env", topo_);
+  if (s_.topoReport) writeNcclReport(runDir_, *world_, world_->rank(), parallelism_->groupCommunicators(), topo_);
   if (world_->rank() == 0) {
     std::ofstream ini(runDir_ + "/config.ini");
     ini << cfg_.toIni();

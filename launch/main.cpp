@@ -1,6 +1,6 @@
 // trainer: the meshtrain training program.
 //   trainer [--config FILE.ini] [--section.key=value ...]   train (defaults: Fashion-MNIST MLP)
-//   trainer --help | --help-env | --devices | --config-reference (the README's key table)
+//   trainer --help | --help-env | --help-nccl | --devices | --config-reference (the README's key table)
 //   trainer topo --file X.xml [--json] [--fabric ...] [--ranks N]   topology summary, rank layout
 //   trainer predict --topo X.xml [--profile P] ...                       scaling prediction
 //   trainer export --checkpoint DIR --out FILE.h5                       consolidated parameters
@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -28,6 +29,8 @@
 #include "launch/Signals.h"
 #include "launch/Trainer.h"
 #include "topo/CostModel.h"
+#include "topo/NcclLog.h"
+#include "topo/Profile.h"
 #include "topo/RankLayout.h"
 #include "topo/Topology.h"
 
@@ -67,7 +70,10 @@ const char* const kTopoUsage =
     "  the GPUs, NICs, PCI switches, NUMA nodes, rails and fabric of an NCCL topology file\n"
     "  (NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE format); --json for a machine-readable form;\n"
     "  --ranks: where N ranks land on nodes built like the file (K per node, default its GPU count):\n"
-    "  each rank's GPU, rail NIC(s) and NIC binding, the intra-node groups and one group per rail\n";
+    "  each rank's GPU, rail NIC(s) and NIC binding, the intra-node groups and one group per rail\n"
+    "       trainer topo --nccl-log FILE\n"
+    "  what NCCL chose, as JSON, from its NCCL_DEBUG=INFO output (version, network, NICs, the machine\n"
+    "  as it saw it, per communicator its rings and trees): what topo.report puts in nccl_report.json\n";
 const char* const kPredictUsage =
     "usage: trainer predict --topo X.xml [--profile NAME|PATH] [--params N] [--grad-bytes B]\n"
     "         [--compute-ms C] [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...]\n"
@@ -86,7 +92,7 @@ bool wantsHelp(const std::vector<std::string>& args) {
 
 // trainer topo --file X.xml [--json] [--fabric ib|roce|efa|socket] [--ranks N [--ranks-per-node K]]
 int topoCommand(const std::vector<std::string>& args) {
-  std::string file, fabric;
+  std::string file, fabric, ncclLog;
   bool json = false;
   int ranks = 0, ranksPerNode = 0;
   auto count = [](const std::string& flag, const std::string& v) {
@@ -104,13 +110,23 @@ int topoCommand(const std::vector<std::string>& args) {
       throw mt::ConfigError("topo: " + flag + " needs a value");
     };
     if (a == "--json") json = true;
+    else if (a.rfind("--nccl-log", 0) == 0) ncclLog = value("--nccl-log");
     else if (a.rfind("--file", 0) == 0) file = value("--file");
     else if (a.rfind("--fabric", 0) == 0) fabric = value("--fabric");
     else if (a.rfind("--ranks-per-node", 0) == 0) ranksPerNode = count("--ranks-per-node", value("--ranks-per-node"));
     else if (a.rfind("--ranks", 0) == 0) ranks = count("--ranks", value("--ranks"));
     else
       throw mt::ConfigError("topo: unknown argument '" + a +
-                            "' (usage: trainer topo --file X.xml [--json] [--ranks N [--ranks-per-node K]]; --help)");
+                            "' (usage: trainer topo --file X.xml [--json] [--ranks N [--ranks-per-node K]] | "
+                            "--nccl-log FILE; --help)");
+  }
+  if (!ncclLog.empty()) {  // what NCCL chose, read from its NCCL_DEBUG=INFO output
+    std::ifstream in(ncclLog);
+    if (!in) throw mt::ConfigError("topo: --nccl-log " + ncclLog + ": cannot read it");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::cout << mt::toJson(mt::parseNcclDebugLog(ss.str())).dump(2) << "\n";
+    return 0;
   }
   if (file.empty()) throw mt::ConfigError("topo: --file X.xml is required");
   mt::Topology t = mt::Topology::load(file);
@@ -229,6 +245,10 @@ int main(int argc, char** argv) {
   for (const auto& a : args) {
     if (a == "--help-env") {
       printEnvHelp();
+      return 0;
+    }
+    if (a == "--help-nccl") {  // the NCCL variables profiles and the environment are checked against
+      for (const auto& name : mt::knownNcclParams()) std::printf("%s\n", name.c_str());
       return 0;
     }
     if (a == "--config-reference") {  // the README's table, generated from the schema

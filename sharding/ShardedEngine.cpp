@@ -5,6 +5,7 @@
 #include "comm/CompressionOps.h"
 #include "core/Convert.h"
 #include "core/Log.h"
+#include "core/Timer.h"
 #include "core/optim/GradClip.h"
 
 #ifdef MT_WITH_CUDA
@@ -273,6 +274,7 @@ void ShardedEngine::beforeUnitBackward(int ui) {
 
 void ShardedEngine::afterUnitBackward(int ui) {
   Unit& u = units_[static_cast<size_t>(ui)];
+  u.readyUs = wallMicros();
   for (const auto& up : u.params) up.param->grad = Tensor();
   if (opt_.reduceDtype != DType::kF32) {
     Tensor low = Tensor::empty({u.numel}, opt_.reduceDtype, device_);
@@ -285,6 +287,11 @@ void ShardedEngine::afterUnitBackward(int ui) {
     dst = &u.gradScratch;
   }
   u.reduceWork = shardComm_.reduceScatter(u.gradFull, *dst, ReduceOp::kAvg);
+  // hybrid_shard, one micro-step: the replicas' all-reduce of the shard is chained on its
+  // reduce-scatter now, so the inter-node phase of early units runs while backward computes the
+  // later ones (with accumulation it follows the last micro-step's accumulate, in finishBackward).
+  if (replicaComm_ && microSteps_ == 1)
+    u.replicaWork = replicaComm_->allReduce(u.gradShard, ReduceOp::kAvg, u.reduceWork);
   release(ui);
   copyReadyGradsDown();  // offload: shards whose reduction finished start down now
 }
@@ -298,15 +305,32 @@ void ShardedEngine::setMicroStep(int k, int count) {
 void ShardedEngine::finishBackward() {
   inBackward_ = false;
   const bool lastMicroStep = microStep_ + 1 >= microSteps_;
+  backwardEndUs_ = wallMicros();
+  trace_.clear();
   for (auto& u : units_) {
+    BucketTrace t;
+    t.bucket = static_cast<int>(trace_.size());
+    t.bytes = static_cast<int64_t>(u.numel) * static_cast<int64_t>(dtypeSize(u.gradShard.dtype()));
+    t.readyUs = u.readyUs;
     if (u.reduceWork) {
       u.reduceWork->wait(shardComm_.timeout());
+      const CollectiveRecord r = u.reduceWork->record();
+      t.startedUs = r.startedUs;
+      t.doneUs = r.completedUs;
       u.reduceWork = nullptr;
     }
     u.gradFull = Tensor();
     if (microStep_ > 0) accumulateShard(u.gradShard, u.gradScratch);
-    if (replicaComm_ && lastMicroStep)
+    if (u.replicaWork) {
+      u.replicaWork->wait(replicaComm_->timeout());
+      const CollectiveRecord r = u.replicaWork->record();
+      t.interStartedUs = r.startedUs;
+      t.interDoneUs = t.doneUs = r.completedUs;
+      u.replicaWork = nullptr;
+    } else if (replicaComm_ && lastMicroStep) {
       replicaComm_->allReduce(u.gradShard, ReduceOp::kAvg)->wait(replicaComm_->timeout());
+    }
+    trace_.push_back(t);
   }
   if (!lastMicroStep) {
     trackGathered();

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "comm/Communicator.h"
+#include "comm/DataParallel.h"
 #include "core/EnumTable.h"
 #include "core/ModelHooks.h"
 #include "core/ParamTable.h"
@@ -107,6 +108,10 @@ class ShardedEngine final : public ModelHooks {
   bool isReplicaWriter() const;  // whether this rank's shards go into checkpoints
   std::string strategyName() const { return shardStrategyName(opt_.strategy); }
   int64_t unitCount() const { return static_cast<int64_t>(units_.size()); }
+  // Per unit of the last backward: gradient ready, reduce-scatter, replica all-reduce (hybrid_shard:
+  // its inter-node phase), for run.trace; and when backward's compute ended.
+  const std::vector<BucketTrace>& lastTrace() const { return trace_; }
+  int64_t backwardEndUs() const { return backwardEndUs_; }
 
  private:
   struct UnitParam {
@@ -129,6 +134,8 @@ class ShardedEngine final : public ModelHooks {
     Tensor gradFull;     // f32 [numel] while its backward runs and its reduction is in flight
     Tensor gradScratch;  // reduceDtype [shard]: a later micro-step's reduce-scatter (accumulation)
     std::shared_ptr<Work> reduceWork;
+    std::shared_ptr<Work> replicaWork;  // hybrid_shard: the replica all-reduce chained on reduceWork
+    int64_t readyUs = 0;                // its gradient was complete (afterUnitBackward)
   };
 
   // ZeRO-Offload on a GPU (sharding/ShardedOffload.cpp): gradient shards copied down as their
@@ -178,6 +185,8 @@ class ShardedEngine final : public ModelHooks {
   std::unique_ptr<Optimizer> optimizer_;
   MemoryAccount memory_;
   bool inBackward_ = false;
+  std::vector<BucketTrace> trace_;
+  int64_t backwardEndUs_ = 0;
   std::unique_ptr<Offload, OffloadDeleter> off_;  // last: its worker stops before the units go
 };
 

@@ -1,6 +1,7 @@
 #include "topo/Profile.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -97,6 +98,38 @@ std::vector<std::string> Profile::apply() const {
     }
   }
   return effective;
+}
+
+std::vector<std::string> environmentNcclVars(const std::vector<std::string>& listed,
+                                             std::vector<std::string>* warnings) {
+  static const char* const kInstallPaths[] = {"NCCL_HOME", "NCCL_ROOT", "NCCL_DIR", "NCCL_PATH", "NCCL_LIB_DIR",
+                                              "NCCL_INCLUDE_DIR", "NCCL_VERSION", "NCCL_LIBRARY"};
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (kv.rfind("NCCL_", 0) != 0 || eq == std::string::npos) continue;
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    bool named = false;
+    for (const auto& l : listed) named = named || l.rfind(key + "=", 0) == 0;
+    if (named) continue;
+    out.push_back(key + "=" + value + " (environment)");
+    bool install = false;
+    for (const char* p : kInstallPaths) install = install || key == p;
+    if (install) continue;
+    const NcclParamCheck c = checkNcclParam(key, value);
+    if (!c.known) {
+      if (warnings)
+        warnings->push_back("environment variable " + key + " is not an NCCL parameter meshtrain knows (a typo is "
+                            "ignored by NCCL without a word; trainer --help-nccl lists the known ones)");
+    } else if (!c.error.empty()) {
+      throw ConfigError("environment variable " + key + "=" + value + ": " + c.error);
+    } else if (!c.replacement.empty() && warnings) {
+      warnings->push_back("environment variable " + key + " is deprecated: use " + c.replacement);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::vector<std::string> listProfiles(const std::string& dir) {

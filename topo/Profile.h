@@ -40,6 +40,13 @@ struct NcclParamCheck {
 };
 NcclParamCheck checkNcclParam(const std::string& key, const std::string& value);
 std::vector<std::string> knownNcclParams();
+// The NCCL_* variables of this process's environment that `listed` ("NAME=value (origin)" lines)
+// does not name yet, as "NAME=value (environment)" lines: set outside any profile, they steer NCCL
+// as much as a profile does. A known variable with a bad value is a ConfigError naming it; an
+// unknown NCCL_ name (a typo NCCL would silently ignore, or a newer NCCL's) is added to *warnings;
+// install paths (NCCL_HOME, NCCL_ROOT, ...) that module systems export are listed, not checked.
+std::vector<std::string> environmentNcclVars(const std::vector<std::string>& listed,
+                                             std::vector<std::string>* warnings);
 // Profiles shipped in topo/profiles (names without .env).
 std::vector<std::string> listProfiles(const std::string& dir);
 

@@ -51,5 +51,34 @@ TEST(Hierarchy, DataParallelBucketsThroughTheHierarchy) {
   EXPECT_THROW(NodeGroups(world, 3), ConfigError);
 }
 
+// Chained ops (`after`): the inter-node all-reduce issued right after the node reduce-scatter,
+// without the caller waiting, starts only once that reduce-scatter has completed, and the
+// all-gather on the second node communicator once the all-reduce has; the result is the flat
+// average. The caller returns before any of them completes (nothing was waited for).
+TEST(Hierarchy, ChainedPhasesStartAfterTheirPredecessor) {
+  MpiCommunicator world(MPI_COMM_WORLD, CommOptions());
+  NodeGroups g(world, 2);
+  const int64_t n = 1 << 20;  // large enough that the phases take measurable time
+  Tensor grads = test::randomTensor({n}, 500 + static_cast<uint64_t>(world.rank()));
+  Tensor flat = grads.clone();
+  world.allReduceSync(flat, ReduceOp::kAvg);
+  Tensor slice = Tensor::empty({n / 2}, DType::kF32);
+  Tensor out = Tensor::empty({n}, DType::kF32);
+  auto rs = g.intra().reduceScatter(grads, slice, ReduceOp::kAvg);
+  auto ar = g.inter().allReduce(slice, ReduceOp::kAvg, rs);
+  auto ag = g.intraGather().allGather(slice, out, ar);
+  ag->wait(g.intraGather().timeout());
+  ar->wait(g.inter().timeout());
+  rs->wait(g.intra().timeout());
+  EXPECT_GE(ar->record().startedUs, rs->record().completedUs);
+  EXPECT_GE(ag->record().startedUs, ar->record().completedUs);
+  EXPECT_LT(test::relErr(out, flat), 1e-6);
+  // A null `after` is the plain op.
+  Tensor x = test::randomTensor({1000}, 9), y = x.clone();
+  g.inter().allReduce(x, ReduceOp::kSum, nullptr)->wait(g.inter().timeout());
+  g.inter().allReduceSync(y, ReduceOp::kSum);
+  EXPECT_EQ(test::relErr(x, y), 0.0);
+}
+
 }  // namespace
 }  // namespace mt

@@ -13,9 +13,9 @@ SAMPLES = os.environ["TOPO_SAMPLES"]
 FASHION = os.environ["FASHION_H5"]
 
 
-def run(args, np=1):
+def run(args, np=1, env=None):
     cmd = ([TRAINER] if np == 1 else ["mpirun", "-np", str(np), TRAINER]) + args
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
 class TopoCli(unittest.TestCase):
@@ -82,11 +82,36 @@ class TopoCli(unittest.TestCase):
         self.assertTrue(all(0 < e <= 1 for e in eff))
         self.assertGreaterEqual(eff[0], eff[-1])
 
+    def inter_overlap(self, d, name):
+        """Steps (after warm-up) in which some bucket's or unit's inter-node phase started before
+        backward's compute ended, over both nodes' rank 0 traces; and the number of steps looked at."""
+        hits, total = 0, 0
+        for rank in (0, 2):
+            with open(os.path.join(d, name, f"trace.rank{rank}.jsonl")) as f:
+                steps = [json.loads(l) for l in f][2:]
+            for s in steps:
+                inter = [b for b in s["buckets"] if b["inter_started_us"] > 0]
+                self.assertTrue(inter, f"{name}: no inter-node phase traced in step {s['step']}")
+                for b in inter:
+                    self.assertGreaterEqual(b["inter_started_us"], b["started_us"])  # chained after the node's phase
+                    self.assertGreaterEqual(b["inter_done_us"], b["inter_started_us"])
+                early = [b for b in inter if b["inter_started_us"] < s["backward_end_us"]]
+                hits += bool(early)
+                total += 1
+        print(f"{name}: inter-node phase started during backward in {hits} of {total} steps")
+        return hits, total
+
     def test_hierarchical_training_matches_flat(self):
+        # 4 CPU ranks as 2 nodes x 2: the per-bucket hierarchical all-reduce (node reduce-scatter,
+        # inter-node all-reduce, node all-gather, chained and issued as each bucket fills) gives the
+        # flat all-reduce's losses over 50 steps, and its inter-node phase starts during backward.
         with tempfile.TemporaryDirectory() as d:
-            base = ["--model.type=mlp", "--train.batch_size=64", "--train.max_steps=30", "--run.log_interval=1",
-                    f"--data.path={FASHION}", f"--run.dir={d}", "--dist.bucket_cap_mb=0.2",
-                    "--topo.profile=socket", f"--topo.file={os.path.join(SAMPLES, 'h200-vm-1gpu-dump.xml')}"]
+            # The CNN: its backward is long enough on CPU ranks for something to overlap (the MLP's
+            # is ~0.3 ms); small buckets, so that several fill during it.
+            base = ["--model.type=cnn", "--train.batch_size=64", "--train.max_steps=50",
+                    "--run.log_interval=1", f"--data.path={FASHION}", f"--run.dir={d}", "--dist.bucket_cap_mb=0.03",
+                    "--dist.first_bucket_mb=0.001", "--run.trace=true", "--topo.profile=socket",
+                    f"--topo.file={os.path.join(SAMPLES, 'h200-vm-1gpu-dump.xml')}"]
             a = run(base + ["--run.name=flat"], np=4)
             b = run(base + ["--run.name=hier", "--topo.hierarchical=true", "--topo.node_ranks=2"], np=4)
             self.assertEqual(a.returncode, 0, a.stderr[-2000:])
@@ -95,12 +120,15 @@ class TopoCli(unittest.TestCase):
                 with open(os.path.join(d, name, "metrics.jsonl")) as f:
                     return [r["loss"] for r in map(json.loads, f) if r["type"] == "step"]
             la, lb = losses("flat"), losses("hier")
-            self.assertEqual(len(la), 30)
+            self.assertEqual(len(la), 50)
             worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
-            print(f"hierarchical vs flat: worst relative loss difference {worst:.2e}")
-            self.assertLess(worst, 1e-5)
+            print(f"hierarchical vs flat: worst relative loss difference over 50 steps {worst:.2e}")
+            self.assertLess(worst, 1e-6)
+            hits, total = self.inter_overlap(d, "hier")
+            self.assertGreaterEqual(hits, total // 2)  # a step whose threads were all descheduled may miss
             env_file = os.path.join(d, "hier", "nccl.env")
-            env = open(env_file).read()
+            with open(env_file) as f:
+                env = f.read()
             self.assertIn("export NCCL_IB_DISABLE='1'  # profile socket", env)
             self.assertIn("export NCCL_TOPO_FILE=", env)
             # The file is one bash sources as it is (to rerun with the same NCCL settings).
@@ -110,6 +138,64 @@ class TopoCli(unittest.TestCase):
             ib, topo_file = sourced.stdout.strip().split("|")
             self.assertEqual(ib, "1")
             self.assertTrue(os.path.isfile(topo_file), topo_file)
+
+    def test_hybrid_shard_replica_reduction_overlaps_backward(self):
+        # hybrid_shard on 2 nodes x 2: each unit's replica all-reduce (across nodes) is chained on its
+        # node reduce-scatter during backward; the losses are full_shard's over 50 steps.
+        with tempfile.TemporaryDirectory() as d:
+            base = ["--model.type=mlp", "--model.hidden=256,128", "--train.batch_size=64", "--train.max_steps=50",
+                    "--run.log_interval=1", f"--data.path={FASHION}", f"--run.dir={d}", "--run.trace=true"]
+            a = run(base + ["--run.name=full", "--sharding.strategy=full_shard"], np=4)
+            b = run(base + ["--run.name=hybrid", "--sharding.strategy=hybrid_shard", "--topo.node_ranks=2"], np=4)
+            self.assertEqual(a.returncode, 0, a.stderr[-2000:])
+            self.assertEqual(b.returncode, 0, b.stderr[-2000:])
+            def losses(name):
+                with open(os.path.join(d, name, "metrics.jsonl")) as f:
+                    return [r["loss"] for r in map(json.loads, f) if r["type"] == "step"]
+            la, lb = losses("full"), losses("hybrid")
+            self.assertEqual(len(lb), 50)
+            worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
+            print(f"hybrid_shard vs full_shard: worst relative loss difference over 50 steps {worst:.2e}")
+            self.assertLess(worst, 1e-6)
+            hits, total = self.inter_overlap(d, "hybrid")
+            self.assertGreaterEqual(hits, total // 2)
+
+    def test_nccl_report_and_environment_variables(self):
+        # topo.report on 4 CPU ranks as 2 nodes x 2 (hybrid_shard builds intra/inter groups): every
+        # communicator with all its groups of world ranks, every NCCL_* variable with its origin
+        # (profile, environment), and the note that the MPI backend left NCCL nothing to choose.
+        with tempfile.TemporaryDirectory() as d:
+            base = ["--model.type=mlp", "--train.batch_size=64", "--train.max_steps=3", f"--data.path={FASHION}",
+                    f"--run.dir={d}", "--topo.profile=socket"]
+            env = dict(os.environ, NCCL_IB_TIMEOUT="20", NCCL_HOME="/opt/nccl", NCCL_IB_HCAS="mlx5_0")
+            p = run(base + ["--run.name=rep", "--topo.report=true", "--sharding.strategy=hybrid_shard",
+                            "--topo.node_ranks=2", "--dist.backend=mpi"], np=4, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+            # An unknown NCCL_ name (a typo NCCL ignores silently) is warned about.
+            self.assertIn("NCCL_IB_HCAS is not an NCCL parameter", p.stderr + p.stdout)
+            with open(os.path.join(d, "rep", "nccl_report.json")) as f:
+                rep = json.load(f)
+            self.assertEqual(rep["backend"], "mpi")
+            self.assertEqual(rep["world_size"], 4)
+            comms = {c["name"]: c for c in rep["communicators"]}
+            self.assertEqual(comms["world"]["groups"], [[0, 1, 2, 3]])
+            self.assertEqual(comms["world.intra"]["groups"], [[0, 1], [2, 3]])
+            self.assertEqual(comms["world.inter"]["groups"], [[0, 2], [1, 3]])
+            self.assertEqual(comms["world.inter"]["count"], 2)
+            env_by_name = {e["name"]: e for e in rep["env"]}
+            self.assertEqual(env_by_name["NCCL_IB_TIMEOUT"], {"name": "NCCL_IB_TIMEOUT", "value": "20",
+                                                              "origin": "environment"})
+            self.assertEqual(env_by_name["NCCL_IB_DISABLE"]["origin"], "profile socket")
+            self.assertEqual(env_by_name["NCCL_DEBUG"]["value"], "INFO")
+            self.assertIn("NCCL_HOME", env_by_name)  # listed, not checked
+            self.assertTrue(any("NCCL was not used" in n for n in rep["notes"]), rep["notes"])
+            # The environment's variables reach nccl.env too, as lines bash sources.
+            with open(os.path.join(d, "rep", "nccl.env")) as f:
+                self.assertIn("export NCCL_IB_TIMEOUT='20'  # environment", f.read())
+            # A known NCCL variable with a bad value is a configuration error naming it, on every rank.
+            bad = run(base + ["--run.name=bad"], np=2, env=dict(os.environ, NCCL_IB_TIMEOUT="soon"))
+            self.assertEqual(bad.returncode, 2, bad.stderr[-2000:])
+            self.assertIn("environment variable NCCL_IB_TIMEOUT=soon", bad.stderr + bad.stdout)
 
 
 if __name__ == "__main__":

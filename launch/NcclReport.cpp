@@ -1,0 +1,161 @@
+#include "launch/NcclReport.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "topo/NcclLog.h"
+
+#ifdef MT_WITH_CUDA
+#include <nccl.h>
+#endif
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+std::vector<std::vector<int>> groupsFromIds(const std::vector<int>& ids) {
+  std::map<int, std::vector<int>> byId;
+  for (size_t r = 0; r < ids.size(); ++r)
+    byId[ids[r]].push_back(static_cast<int>(r));
+  std::vector<std::vector<int>> out;
+  for (auto& kv : byId)
+    out.push_back(std::move(kv.second));
+  return out;
+}
+
+namespace {
+
+// Each rank's group id over the world: the lowest world rank of its group in `c`.
+std::vector<int> groupIds(Communicator& world, Communicator& c, int worldRank) {
+  Tensor mine = Tensor::empty({1}, DType::kI32);
+  mine.data<int32_t>()[0] = worldRank;
+  Tensor members = Tensor::empty({c.size()}, DType::kI32);
+  c.allGather(mine, members)->wait(c.timeout());
+  const int32_t* m = members.data<int32_t>();
+  mine.data<int32_t>()[0] = *std::min_element(m, m + c.size());
+  Tensor all = Tensor::empty({world.size()}, DType::kI32);
+  world.allGather(mine, all)->wait(world.timeout());
+  return std::vector<int>(all.data<int32_t>(), all.data<int32_t>() + world.size());
+}
+
+nlohmann::json envEntry(const std::string& line) {
+  // "NAME=value (origin)"
+  const size_t eq = line.find('=');
+  std::string value = eq == std::string::npos ? std::string() : line.substr(eq + 1), origin;
+  const size_t paren = value.rfind(" (");
+  if (!value.empty() && value.back() == ')' && paren != std::string::npos) {
+    origin = value.substr(paren + 2, value.size() - paren - 3);
+    value.resize(paren);
+  }
+  return {{"name", line.substr(0, eq)}, {"value", value}, {"origin", origin}};
+}
+
+// The files NCCL_DEBUG_FILE names, for every process: its %h and %p as wildcards.
+std::vector<std::string> debugFiles(const std::string& pattern) {
+  std::vector<std::string> out;
+  const fs::path p(pattern);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  const std::string name = p.filename().string();
+  auto matches = [&](const std::string& f) {
+    // '%h', '%p' and any other %x match any run of characters; the rest literally.
+    size_t i = 0, j = 0, starI = std::string::npos, starJ = 0;
+    while (j < f.size()) {
+      if (i + 1 < name.size() && name[i] == '%') {
+        starI = i += 2;
+        starJ = j;
+      } else if (i < name.size() && name[i] == f[j]) {
+        ++i, ++j;
+      } else if (starI != std::string::npos) {
+        i = starI;
+        j = ++starJ;
+      } else {
+        return false;
+      }
+    }
+    while (i + 1 < name.size() && name[i] == '%')
+      i += 2;
+    return i == name.size();
+  };
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file() && matches(e.path().filename().string())) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+void writeNcclReport(const std::string& runDir, Communicator& world, int worldRank,
+                     const std::vector<Communicator*>& groups, const TopologySetup& topo) {
+  // Collective part first, identical on every rank.
+  nlohmann::json comms = nlohmann::json::array();
+  std::vector<Communicator*> all{&world};
+  all.insert(all.end(), groups.begin(), groups.end());
+  for (Communicator* c : all) {
+    const auto g = groupsFromIds(groupIds(world, *c, worldRank));
+    comms.push_back({{"name", c->name()},
+                     {"backend", c->backend()},
+                     {"size", c->size()},
+                     {"count", g.size()},
+                     {"groups", g}});
+  }
+  world.barrierSync();  // every rank's NCCL has initialised its communicators and logged it
+  if (worldRank != 0) return;
+
+  nlohmann::json j;
+  j["written_by"] = "meshtrain topo.report";
+  j["backend"] = world.backend();
+  j["world_size"] = world.size();
+#ifdef MT_WITH_CUDA
+  int v = 0;
+  if (ncclGetVersion(&v) == ncclSuccess) j["nccl_version_code"] = v;
+#endif
+  j["profile"] = topo.profile ? topo.profile->name : "";
+  j["topology_file"] = topo.topology ? topo.topology->source() : "";
+  j["env"] = nlohmann::json::array();
+  for (const auto& l : topo.ncclEnv)
+    j["env"].push_back(envEntry(l));
+  j["communicators"] = comms;
+
+  nlohmann::json logs = nlohmann::json::array();
+  std::vector<std::string> notes;
+  const char* file = std::getenv("NCCL_DEBUG_FILE");
+  const char* level = std::getenv("NCCL_DEBUG");
+  if (std::string(world.backend()) != "nccl") {
+    notes.push_back(std::string("backend ") + world.backend() +
+                    ": NCCL was not used, so it chose no rings or NICs");
+  } else if (!level || std::string(level) != "INFO") {
+    notes.push_back(std::string("NCCL_DEBUG is ") + (level ? level : "unset") +
+                    ", not INFO: NCCL logged none of its choices (a profile or the environment set it)");
+  } else if (!file) {
+    notes.push_back("NCCL_DEBUG_FILE is unset: NCCL's log went to the ranks' standard output");
+  } else {
+    for (const auto& path : debugFiles(file)) {
+      std::ifstream in(path);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      nlohmann::json one = toJson(parseNcclDebugLog(ss.str()));
+      one["file"] = path;
+      logs.push_back(one);
+    }
+    if (logs.empty()) notes.push_back(std::string("no file matches NCCL_DEBUG_FILE=") + file);
+  }
+  j["nccl_logs"] = logs;
+  j["notes"] = notes;
+  const std::string out = runDir + "/nccl_report.json";
+  std::ofstream f(out);
+  f << j.dump(2) << "\n";
+  if (!f) throw IoError("cannot write " + out);
+  MT_LOG_INFO << "wrote " << out << " (" << comms.size() << " communicator(s), " << logs.size()
+              << " NCCL log(s))";
+}
+
+}  // namespace mt
