@@ -51,6 +51,30 @@ std::shared_ptr<Work> Communicator::allGather(const Tensor& in, Tensor& out, con
   return issueAfter(after, [&] { return allGather(in, out); });
 }
 
+namespace {
+thread_local const std::shared_ptr<Work>* tlPendingAfter = nullptr;
+}  // namespace
+
+std::shared_ptr<Work> Communicator::issueWithPendingAfter(const std::shared_ptr<Work>& dep,
+                                                          const std::function<std::shared_ptr<Work>()>& issue) {
+  tlPendingAfter = &dep;
+  try {
+    auto w = issue();
+    tlPendingAfter = nullptr;
+    return w;
+  } catch (...) {
+    tlPendingAfter = nullptr;
+    throw;
+  }
+}
+
+std::shared_ptr<Work> Communicator::takePendingAfter() {
+  if (!tlPendingAfter) return nullptr;
+  std::shared_ptr<Work> dep = *tlPendingAfter;
+  tlPendingAfter = nullptr;  // one op per issueAfter
+  return dep;
+}
+
 std::shared_ptr<Work> Communicator::issueAfter(const std::shared_ptr<Work>& dep,
                                                const std::function<std::shared_ptr<Work>()>& issue) {
   dep->wait(timeout());

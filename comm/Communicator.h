@@ -89,6 +89,12 @@ class Communicator {
   // the host first: right for backends whose ops complete when issued (local).
   virtual std::shared_ptr<Work> issueAfter(const std::shared_ptr<Work>& dep,
                                            const std::function<std::shared_ptr<Work>()>& issue);
+  // For backends that order a chained op themselves (MPI, NCCL): their issueAfter() is this, which
+  // runs `issue` with `dep` pending for the calling thread, and the backend takes it
+  // (takePendingAfter) where `issue` creates the op.
+  std::shared_ptr<Work> issueWithPendingAfter(const std::shared_ptr<Work>& dep,
+                                              const std::function<std::shared_ptr<Work>()>& issue);
+  static std::shared_ptr<Work> takePendingAfter();
   // Backends call this for every op they create, in issue order (W: the backend's Work type).
   template <typename W = Work>
   std::shared_ptr<W> newWork(CollectiveOp op, size_t bytes, DType dtype) {

@@ -152,22 +152,9 @@ MpiCommunicator::~MpiCommunicator() {
   }
 }
 
-namespace {
-// The dependency of the op the calling thread is issuing (issueAfter -> enqueue on one thread).
-thread_local const std::shared_ptr<Work>* tlAfter = nullptr;
-}  // namespace
-
 std::shared_ptr<Work> MpiCommunicator::issueAfter(const std::shared_ptr<Work>& dep,
-                                                  const std::function<std::shared_ptr<Work>()>& issue) {
-  tlAfter = &dep;
-  try {
-    auto w = issue();
-    tlAfter = nullptr;
-    return w;
-  } catch (...) {
-    tlAfter = nullptr;
-    throw;
-  }
+                                                const std::function<std::shared_ptr<Work>()>& issue) {
+  return issueWithPendingAfter(dep, issue);
 }
 
 std::shared_ptr<Work> MpiCommunicator::enqueue(CollectiveOp op, size_t bytes, DType dtype, Descriptor desc,
@@ -185,10 +172,7 @@ std::shared_ptr<Work> MpiCommunicator::enqueue(CollectiveOp op, size_t bytes, DT
 #endif
   }
   task->work = newWork(op, bytes, dtype);
-  if (tlAfter) {
-    task->after = *tlAfter;
-    tlAfter = nullptr;  // one op per issueAfter
-  }
+  task->after = takePendingAfter();  // a chained op (issueAfter): the progress thread waits for it
   task->desc = desc;
   task->desc.op = static_cast<int64_t>(op);
   task->p2p = p2p;

@@ -180,22 +180,9 @@ void NcclCommunicator::watchdogLoop() {
   }
 }
 
-namespace {
-// The dependency of the op the calling thread is issuing (issueAfter -> run on one thread).
-thread_local const std::shared_ptr<Work>* tlAfter = nullptr;
-}  // namespace
-
 std::shared_ptr<Work> NcclCommunicator::issueAfter(const std::shared_ptr<Work>& dep,
-                                                   const std::function<std::shared_ptr<Work>()>& issue) {
-  tlAfter = &dep;
-  try {
-    auto w = issue();
-    tlAfter = nullptr;
-    return w;
-  } catch (...) {
-    tlAfter = nullptr;
-    throw;
-  }
+                                                 const std::function<std::shared_ptr<Work>()>& issue) {
+  return issueWithPendingAfter(dep, issue);
 }
 
 std::shared_ptr<Work> NcclCommunicator::run(CollectiveOp op, size_t bytes, DType dtype,
@@ -205,9 +192,7 @@ std::shared_ptr<Work> NcclCommunicator::run(CollectiveOp op, size_t bytes, DType
   auto work = newWork<NcclWork>(op, bytes, dtype);
   cudaStream_t caller = currentStream();
   streamWaitStream(stream_.get(), caller);
-  if (tlAfter) {  // chained: this comm's stream waits for the predecessor's event, not the caller
-    const std::shared_ptr<Work> dep = *tlAfter;
-    tlAfter = nullptr;
+  if (auto dep = takePendingAfter()) {  // chained: this comm's stream waits for it, not the caller
     StreamGuard g(stream_.get());
     dep->wait(timeout());
   }

@@ -77,9 +77,10 @@ const char* const kTopoUsage =
 const char* const kPredictUsage =
     "usage: trainer predict --topo X.xml [--profile NAME|PATH] [--params N] [--grad-bytes B]\n"
     "         [--compute-ms C] [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...]\n"
-    "         [--intra-gbs G] [--csv]\n"
+    "         [--intra-gbs G] [--csv] [--hierarchical]\n"
     "  the fabric cost model: all-reduce bandwidth, exposed communication, step time and scaling\n"
-    "  efficiency per node count for a model of N parameters (default 124e6, B = 2 bytes each)\n";
+    "  efficiency per node count for a model of N parameters (default 124e6, B = 2 bytes each);\n"
+    "  --hierarchical: also the flat all-reduce against topo.hierarchical's node/rail/node phases\n";
 const char* const kExportUsage =
     "usage: trainer export --checkpoint DIR --out FILE.h5\n"
     "  one HDF5 file with the consolidated parameters of a (sharded) checkpoint\n";
@@ -141,11 +142,11 @@ int topoCommand(const std::vector<std::string>& args) {
 }
 
 // trainer predict --topo X.xml [--profile NAME|PATH] [--params N] [--grad-bytes B] [--compute-ms C]
-//   [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...] [--intra-gbs G] [--csv]
+//   [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...] [--intra-gbs G] [--csv] [--hierarchical]
 int predictCommand(const std::vector<std::string>& args) {
   std::string topo, profileName, nodesList = "1,2,4,8,16,32,64";
   double params = 124e6, gradBytes = 2, computeMs = 100, backwardFraction = 2.0 / 3.0, bucketMb = 25, intraGBs = 0;
-  bool csv = false;
+  bool csv = false, hierarchical = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string a = args[i];
     auto next = [&]() -> std::string {
@@ -169,6 +170,7 @@ int predictCommand(const std::vector<std::string>& args) {
     else if (a == "--nodes") nodesList = next();
     else if (a == "--intra-gbs") intraGBs = number();  // files without NVLink (Azure's) on NVSwitch machines
     else if (a == "--csv") csv = true;
+    else if (a == "--hierarchical") hierarchical = true;
     else throw mt::ConfigError("predict: unknown argument '" + a + "' (trainer predict --help for usage)");
   }
   if (topo.empty()) throw mt::ConfigError("predict: --topo X.xml is required");
@@ -203,6 +205,22 @@ int predictCommand(const std::vector<std::string>& args) {
                          e.commMs, e.exposedMs, e.stepMs, e.efficiency, big);
     else std::printf("  %5d %5d %10.1f %10.2f %10.2f %10.2f %10.3f %10.1f\n", nodes, gpus, e.busGBs, e.commMs, e.exposedMs,
                      e.stepMs, e.efficiency, big);
+  }
+  if (hierarchical) {  // flat NCCL all-reduce against comm/Hierarchy's three phases, per bucket and at 1 GiB
+    const double bucket = bucketMb * 1024 * 1024, gib = 1024.0 * 1024 * 1024;
+    if (csv) std::printf("nodes,gpus,bucket_flat_us,bucket_hier_us,gib_flat_ms,gib_hier_ms\n");
+    else std::printf("# all-reduce, flat (NCCL over all GPUs) vs hierarchical (node RS, rail AR, node AG)\n"
+                     "# %5s %5s %14s %14s %12s %12s\n", "nodes", "gpus", "bucket flat us", "bucket hier us",
+                     "1GiB flat ms", "1GiB hier ms");
+    std::stringstream again(nodesList);
+    while (std::getline(again, item, ',')) {
+      const int nodes = std::atoi(item.c_str());
+      const int gpus = nodes * model.spec().gpusPerNode;
+      const double bf = model.allReduce(bucket, nodes).us, bh = model.hierarchicalAllReduce(bucket, nodes).us;
+      const double gf = model.allReduce(gib, nodes).us / 1e3, gh = model.hierarchicalAllReduce(gib, nodes).us / 1e3;
+      if (csv) std::printf("%d,%d,%.1f,%.1f,%.3f,%.3f\n", nodes, gpus, bf, bh, gf, gh);
+      else std::printf("  %5d %5d %14.1f %14.1f %12.2f %12.2f\n", nodes, gpus, bf, bh, gf, gh);
+    }
   }
   return 0;
 }

@@ -124,6 +124,33 @@ CollectiveEstimate CostModel::allReduce(double bytes, int nodes) const {
   return best;
 }
 
+CollectiveEstimate CostModel::hierarchicalAllReduce(double bytes, int nodes) const {
+  const int G = m_.gpusPerNode, nRanks = nodes * G;
+  CollectiveEstimate e;
+  if (nRanks <= 1) return e;
+  double us = 0;
+  if (G > 1) {
+    // Each node phase moves (G-1)/G of the bytes per GPU over G-1 ring steps; LL or Simple,
+    // whichever is faster at this size.
+    const int hw = m_.nvlink ? 0 : 1;
+    const double moved = bytes * (G - 1) / G;
+    const double simple = kBaseLat[1][2] + (G - 1) * kHwLat[hw][1][2] + moved / (1000.0 * m_.intraGBs);
+    const double ll = kBaseLat[1][0] + (G - 1) * kHwLat[hw][1][0] + moved / (1000.0 * m_.intraGBs / 4.0);
+    us += 2 * std::min(simple, ll);
+  }
+  if (nodes > 1) {
+    MachineSpec rail = m_;
+    rail.gpusPerNode = 1;
+    rail.nicsPerNode = 1;
+    rail.nicGbps = m_.nicGbps * std::min(1.0, static_cast<double>(m_.nicsPerNode) / G);
+    us += CostModel(rail).allReduce(bytes / G, nodes).us;
+  }
+  e.us = us;
+  e.algGBs = bytes / (us * 1000.0);
+  e.busGBs = e.algGBs * 2.0 * (nRanks - 1) / nRanks;
+  return e;
+}
+
 StepEstimate CostModel::step(double gradBytes, double bucketBytes, double computeMs, double backwardFraction,
                              int nodes) const {
   StepEstimate s;

@@ -54,6 +54,11 @@ class CostModel {
   CollectiveEstimate allReduce(double bytes, int nodes, NcclAlgo a, NcclProto p) const;
   // The fastest algorithm/protocol, as NCCL's tuner would pick.
   CollectiveEstimate allReduce(double bytes, int nodes) const;
+  // The rail-aligned hierarchical all-reduce of comm/Hierarchy, phases in sequence: a ring
+  // reduce-scatter in the node, an all-reduce of 1/G of the bytes across nodes among the GPUs of
+  // one rail (each over its own NIC, or a share of one when NICs are fewer than GPUs; NCCL's tuner
+  // picks its algorithm), a ring all-gather in the node.
+  CollectiveEstimate hierarchicalAllReduce(double bytes, int nodes) const;
   // Data parallelism: gradients of gradBytes in buckets of bucketBytes, all-reduced while the
   // backward (backwardFraction of computeMs) runs; what does not fit under it is exposed.
   StepEstimate step(double gradBytes, double bucketBytes, double computeMs, double backwardFraction, int nodes) const;

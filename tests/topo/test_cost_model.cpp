@@ -72,5 +72,24 @@ TEST(CostModel, ShapeOfTheModel) {
   EXPECT_LT(tight.efficiency, 0.5);
 }
 
+TEST(CostModel, HierarchicalAgainstFlat) {
+  MachineSpec m;  // 8 x H100 NVLink, 8 x 400G IB
+  CostModel cm(m);
+  const double bucket = 25 * 1048576.0, gib = 1073741824.0;
+  // One node: the two node phases only (no network), a ring's worth of NVLink time.
+  EXPECT_GT(cm.hierarchicalAllReduce(bucket, 1).us, 0.0);
+  // Many nodes, bucket sizes: fewer network ring steps (2(N-1) instead of 2(8N-1)) win.
+  EXPECT_LT(cm.hierarchicalAllReduce(bucket, 64).us, 0.8 * cm.allReduce(bucket, 64).us);
+  // Large messages: NCCL's flat ring drives every NIC and overlaps NVLink with the network; the
+  // hierarchy pays its node phases in sequence and loses.
+  EXPECT_GT(cm.hierarchicalAllReduce(gib, 8).us, cm.allReduce(gib, 8).us);
+  // Fewer NICs than GPUs: rails share NICs, so the network phase slows down.
+  MachineSpec half = m;
+  half.nicsPerNode = 4;
+  EXPECT_GT(CostModel(half).hierarchicalAllReduce(gib, 8).us, cm.hierarchicalAllReduce(gib, 8).us);
+  // More nodes never make it faster.
+  EXPECT_LE(cm.hierarchicalAllReduce(bucket, 8).us, cm.hierarchicalAllReduce(bucket, 64).us);
+}
+
 }  // namespace
 }  // namespace mt

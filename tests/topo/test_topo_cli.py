@@ -81,6 +81,16 @@ class TopoCli(unittest.TestCase):
         eff = [float(r["efficiency"]) for r in rows]
         self.assertTrue(all(0 < e <= 1 for e in eff))
         self.assertGreaterEqual(eff[0], eff[-1])
+        # --hierarchical: a second table, flat against node/rail/node per bucket and at 1 GiB.
+        p = run(["predict", "--topo", os.path.join(SAMPLES, "oci-hpc-H100-topology.xml"), "--profile", "roce-v2",
+                 "--nodes", "8,64", "--csv", "--hierarchical"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stdout.strip().splitlines()
+        at = lines.index("nodes,gpus,bucket_flat_us,bucket_hier_us,gib_flat_ms,gib_hier_ms")
+        rows = [dict(zip(lines[at].split(","), map(float, l.split(",")))) for l in lines[at + 1:]]
+        self.assertEqual([r["nodes"] for r in rows], [8, 64])
+        self.assertLess(rows[1]["bucket_hier_us"], rows[1]["bucket_flat_us"])
+        self.assertGreater(rows[0]["gib_hier_ms"], rows[0]["gib_flat_ms"])
 
     def inter_overlap(self, d, name):
         """Steps (after warm-up) in which some bucket's or unit's inter-node phase started before
