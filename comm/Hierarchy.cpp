@@ -10,7 +10,11 @@ NodeGroups::NodeGroups(Communicator& world, int ranksPerNode) : world_(world), L
   const int r = world.rank();
   intra_ = world.split(r / L_, r, world.name() + ".intra");
   inter_ = world.split(r % L_, r, world.name() + ".inter");
-  gather_ = world.split(r / L_, r, world.name() + ".intra-gather");
+}
+
+Communicator& NodeGroups::intraGather() {
+  if (!gather_) gather_ = world_.split(world_.rank() / L_, world_.rank(), world_.name() + ".intra-gather");
+  return *gather_;
 }
 
 void NodeGroups::allReduce(Tensor& t, ReduceOp op) {

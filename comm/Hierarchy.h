@@ -29,7 +29,10 @@ class NodeGroups {
   Communicator& world() { return world_; }
   Communicator& intra() { return *intra_; }
   Communicator& inter() { return *inter_; }
-  Communicator& intraGather() { return *gather_; }  // the node again, for the last phase
+  // The node again, for the hierarchical reducer's last phase. Made at the first call, which is a
+  // collective over the world (HierarchicalReducer's constructor makes it at setup, so that
+  // hybrid_shard, which never needs it, holds no third communicator: an NCCL one costs memory).
+  Communicator& intraGather();
   int ranksPerNode() const { return L_; }
   int numNodes() const { return world_.size() / L_; }
 
@@ -46,7 +49,7 @@ class NodeGroups {
 // bucket fills during backward; wait() waits for the last and copies the result into the bucket.
 class HierarchicalReducer final : public BucketReducer {
  public:
-  explicit HierarchicalReducer(NodeGroups& groups) : g_(groups) {}
+  explicit HierarchicalReducer(NodeGroups& groups) : g_(groups) { g_.intraGather(); }
   std::string name() const override { return "hierarchical"; }
   void launch(const Bucket& bucket, Tensor grads) override;
   void wait(const Bucket& bucket, Tensor grads) override;

@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     groups = std::make_unique<NodeGroups>(comm, a.nodeRanks);
+    groups->intraGather();  // collective: made here, on every rank, not inside a timed op
   }
   std::vector<std::string> ops = a.op == "all" ? std::vector<std::string>{"allreduce", "allgather", "reducescatter"}
                                                : std::vector<std::string>{a.op};

@@ -58,6 +58,7 @@ TEST(Hierarchy, DataParallelBucketsThroughTheHierarchy) {
 TEST(Hierarchy, ChainedPhasesStartAfterTheirPredecessor) {
   MpiCommunicator world(MPI_COMM_WORLD, CommOptions());
   NodeGroups g(world, 2);
+  EXPECT_EQ(g.intraGather().size(), 2);  // made on first use (a collective): here, before any op
   const int64_t n = 1 << 20;  // large enough that the phases take measurable time
   Tensor grads = test::randomTensor({n}, 500 + static_cast<uint64_t>(world.rank()));
   Tensor flat = grads.clone();
