@@ -46,18 +46,6 @@ std::vector<int> groupIds(Communicator& world, Communicator& c, int worldRank) {
   return std::vector<int>(all.data<int32_t>(), all.data<int32_t>() + world.size());
 }
 
-nlohmann::json envEntry(const std::string& line) {
-  // "NAME=value (origin)"
-  const size_t eq = line.find('=');
-  std::string value = eq == std::string::npos ? std::string() : line.substr(eq + 1), origin;
-  const size_t paren = value.rfind(" (");
-  if (!value.empty() && value.back() == ')' && paren != std::string::npos) {
-    origin = value.substr(paren + 2, value.size() - paren - 3);
-    value.resize(paren);
-  }
-  return {{"name", line.substr(0, eq)}, {"value", value}, {"origin", origin}};
-}
-
 // The files NCCL_DEBUG_FILE names, for every process: its %h and %p as wildcards.
 std::vector<std::string> debugFiles(const std::string& pattern) {
   std::vector<std::string> out;
@@ -121,8 +109,10 @@ void writeNcclReport(const std::string& runDir, Communicator& world, int worldRa
   j["profile"] = topo.profile ? topo.profile->name : "";
   j["topology_file"] = topo.topology ? topo.topology->source() : "";
   j["env"] = nlohmann::json::array();
-  for (const auto& l : topo.ncclEnv)
-    j["env"].push_back(envEntry(l));
+  for (const auto& l : topo.ncclEnv) {
+    const NcclEnvEntry e = parseNcclEnvEntry(l);
+    j["env"].push_back({{"name", e.name}, {"value", e.value}, {"origin", e.origin}});
+  }
   j["communicators"] = comms;
 
   nlohmann::json logs = nlohmann::json::array();

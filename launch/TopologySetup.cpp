@@ -103,19 +103,27 @@ void bindToGpuCpus(const Topology& topology, int device) {
 #endif
 }
 
-std::string shellExportLine(const std::string& entry) {
+NcclEnvEntry parseNcclEnvEntry(const std::string& entry) {
+  NcclEnvEntry e;
   const size_t eq = entry.find('=');
-  if (eq == std::string::npos) return "# " + entry;
-  std::string value = entry.substr(eq + 1), origin;
-  const size_t paren = value.rfind(" (");
-  if (!value.empty() && value.back() == ')' && paren != std::string::npos) {
-    origin = value.substr(paren + 2, value.size() - paren - 3);
-    value.resize(paren);
+  e.name = entry.substr(0, eq);
+  if (eq == std::string::npos) return e;
+  e.value = entry.substr(eq + 1);
+  const size_t paren = e.value.rfind(" (");
+  if (!e.value.empty() && e.value.back() == ')' && paren != std::string::npos) {
+    e.origin = e.value.substr(paren + 2, e.value.size() - paren - 3);
+    e.value.resize(paren);
   }
+  return e;
+}
+
+std::string shellExportLine(const std::string& entry) {
+  if (entry.find('=') == std::string::npos) return "# " + entry;
+  const NcclEnvEntry e = parseNcclEnvEntry(entry);
   std::string quoted = "'";
-  for (char c : value) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  for (char c : e.value) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   quoted += "'";
-  return "export " + entry.substr(0, eq) + "=" + quoted + (origin.empty() ? "" : "  # " + origin);
+  return "export " + e.name + "=" + quoted + (e.origin.empty() ? "" : "  # " + e.origin);
 }
 
 void writeNcclEnv(const std::string& path, const TopologySetup& setup) {

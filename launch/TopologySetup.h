@@ -29,6 +29,11 @@ TopologySetup applyTopology(const Settings& s, int rank);
 // Binds the calling process to the cores of CUDA device `device`'s NUMA node, found by PCI bus id
 // in the topology (by index when no bus id matches). A no-op without CUDA or a matching CPU.
 void bindToGpuCpus(const Topology& topology, int device);
+// One line of TopologySetup::ncclEnv, "NAME=value (origin)", taken apart (origin may be empty).
+struct NcclEnvEntry {
+  std::string name, value, origin;
+};
+NcclEnvEntry parseNcclEnvEntry(const std::string& entry);
 // "NAME=value (origin)" -> "export NAME='value'  # origin" (single-quoted, so any value survives).
 std::string shellExportLine(const std::string& entry);
 // <path>: a file `source` accepts, to rerun a case by hand with the same NCCL settings.

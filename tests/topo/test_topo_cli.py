@@ -111,6 +111,25 @@ class TopoCli(unittest.TestCase):
         print(f"{name}: inter-node phase started during backward in {hits} of {total} steps")
         return hits, total
 
+    def same_curve_and_overlap(self, d, base, reference, overlapped):
+        """Runs both (name, extra args) on 4 ranks: 50 steps each, the overlapped run's losses within
+        1e-6 of the reference's, and its inter-node phase started during backward in at least half
+        the steps (a step whose threads were all descheduled may miss)."""
+        for name, extra in (reference, overlapped):
+            p = run(base + [f"--run.name={name}"] + extra, np=4)
+            self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        def losses(name):
+            with open(os.path.join(d, name, "metrics.jsonl")) as f:
+                return [r["loss"] for r in map(json.loads, f) if r["type"] == "step"]
+        la, lb = losses(reference[0]), losses(overlapped[0])
+        self.assertEqual(len(la), 50)
+        self.assertEqual(len(lb), 50)
+        worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
+        print(f"{overlapped[0]} vs {reference[0]}: worst relative loss difference over 50 steps {worst:.2e}")
+        self.assertLess(worst, 1e-6)
+        hits, total = self.inter_overlap(d, overlapped[0])
+        self.assertGreaterEqual(hits, total // 2)
+
     def test_hierarchical_training_matches_flat(self):
         # 4 CPU ranks as 2 nodes x 2: the per-bucket hierarchical all-reduce (node reduce-scatter,
         # inter-node all-reduce, node all-gather, chained and issued as each bucket fills) gives the
@@ -122,20 +141,8 @@ class TopoCli(unittest.TestCase):
                     "--run.log_interval=1", f"--data.path={FASHION}", f"--run.dir={d}", "--dist.bucket_cap_mb=0.03",
                     "--dist.first_bucket_mb=0.001", "--run.trace=true", "--topo.profile=socket",
                     f"--topo.file={os.path.join(SAMPLES, 'h200-vm-1gpu-dump.xml')}"]
-            a = run(base + ["--run.name=flat"], np=4)
-            b = run(base + ["--run.name=hier", "--topo.hierarchical=true", "--topo.node_ranks=2"], np=4)
-            self.assertEqual(a.returncode, 0, a.stderr[-2000:])
-            self.assertEqual(b.returncode, 0, b.stderr[-2000:])
-            def losses(name):
-                with open(os.path.join(d, name, "metrics.jsonl")) as f:
-                    return [r["loss"] for r in map(json.loads, f) if r["type"] == "step"]
-            la, lb = losses("flat"), losses("hier")
-            self.assertEqual(len(la), 50)
-            worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
-            print(f"hierarchical vs flat: worst relative loss difference over 50 steps {worst:.2e}")
-            self.assertLess(worst, 1e-6)
-            hits, total = self.inter_overlap(d, "hier")
-            self.assertGreaterEqual(hits, total // 2)  # a step whose threads were all descheduled may miss
+            self.same_curve_and_overlap(d, base, ("flat", []),
+                                        ("hier", ["--topo.hierarchical=true", "--topo.node_ranks=2"]))
             env_file = os.path.join(d, "hier", "nccl.env")
             with open(env_file) as f:
                 env = f.read()
@@ -155,20 +162,8 @@ class TopoCli(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             base = ["--model.type=mlp", "--model.hidden=256,128", "--train.batch_size=64", "--train.max_steps=50",
                     "--run.log_interval=1", f"--data.path={FASHION}", f"--run.dir={d}", "--run.trace=true"]
-            a = run(base + ["--run.name=full", "--sharding.strategy=full_shard"], np=4)
-            b = run(base + ["--run.name=hybrid", "--sharding.strategy=hybrid_shard", "--topo.node_ranks=2"], np=4)
-            self.assertEqual(a.returncode, 0, a.stderr[-2000:])
-            self.assertEqual(b.returncode, 0, b.stderr[-2000:])
-            def losses(name):
-                with open(os.path.join(d, name, "metrics.jsonl")) as f:
-                    return [r["loss"] for r in map(json.loads, f) if r["type"] == "step"]
-            la, lb = losses("full"), losses("hybrid")
-            self.assertEqual(len(lb), 50)
-            worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
-            print(f"hybrid_shard vs full_shard: worst relative loss difference over 50 steps {worst:.2e}")
-            self.assertLess(worst, 1e-6)
-            hits, total = self.inter_overlap(d, "hybrid")
-            self.assertGreaterEqual(hits, total // 2)
+            self.same_curve_and_overlap(d, base, ("full", ["--sharding.strategy=full_shard"]),
+                                        ("hybrid", ["--sharding.strategy=hybrid_shard", "--topo.node_ranks=2"]))
 
     def test_nccl_report_and_environment_variables(self):
         # topo.report on 4 CPU ranks as 2 nodes x 2 (hybrid_shard builds intra/inter groups): every
