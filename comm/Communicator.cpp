@@ -138,11 +138,9 @@ std::shared_ptr<Work> LocalCommunicator::recv(void*, size_t, DType, int peer, De
   throw InternalError("recv from rank " + std::to_string(peer) + " on a world of 1");
 }
 
-std::unique_ptr<Communicator> LocalCommunicator::split(int color, int, const std::string& name) {
+std::unique_ptr<Communicator> LocalCommunicator::split(int color, int, CommOptions options) {
   if (color < 0) return nullptr;
-  CommOptions o = options();
-  o.name = name;
-  return std::make_unique<LocalCommunicator>(o);
+  return std::make_unique<LocalCommunicator>(std::move(options));
 }
 
 }  // namespace mt

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/CommTuning.h"
 #include "comm/Work.h"
 #include "core/Device.h"
 #include "core/Tensor.h"
@@ -30,6 +31,7 @@ struct CommOptions {
   std::string name = "world";
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   bool fingerprint = false;  // check op agreement before every collective (debug)
+  CommTuning tuning;         // NCCL's per-communicator config (other backends ignore it)
 };
 
 class Communicator {
@@ -55,8 +57,16 @@ class Communicator {
   virtual std::shared_ptr<Work> send(const void* buf, size_t count, DType dtype, int peer, Device device) = 0;
   virtual std::shared_ptr<Work> recv(void* buf, size_t count, DType dtype, int peer, Device device) = 0;
   // Collective over this communicator: ranks passing the same color form a new communicator,
-  // ranked by key (then by rank here). color < 0: this rank joins none (returns nullptr).
-  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+  // ranked by key (then by rank here), with `options` (name, timeout, tuning). color < 0: this rank
+  // joins none (returns nullptr).
+  virtual std::unique_ptr<Communicator> split(int color, int key, CommOptions options) = 0;
+  // The same with this communicator's options (tuning included, as NCCL's split inherits its
+  // parent's config) under another name.
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) {
+    CommOptions o = options_;
+    o.name = name;
+    return split(color, key, std::move(o));
+  }
   // Fails queued and future ops with PeerLostError(reason); in-flight ops fail when they can.
   virtual void abort(const std::string& reason) = 0;
 
@@ -122,6 +132,7 @@ class LocalCommunicator final : public Communicator {
   using Communicator::allReduce;
   using Communicator::broadcast;
   using Communicator::reduceScatter;
+  using Communicator::split;
   const char* backend() const override { return "local"; }
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -134,7 +145,7 @@ class LocalCommunicator final : public Communicator {
   std::shared_ptr<Work> barrier() override;
   std::shared_ptr<Work> send(const void* buf, size_t count, DType dtype, int peer, Device device) override;
   std::shared_ptr<Work> recv(void* buf, size_t count, DType dtype, int peer, Device device) override;
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+  std::unique_ptr<Communicator> split(int color, int key, CommOptions options) override;
   void abort(const std::string& reason) override {}
 
  private:

@@ -4,16 +4,54 @@
 
 namespace mt {
 
-NodeGroups::NodeGroups(Communicator& world, int ranksPerNode) : world_(world), L_(ranksPerNode) {
-  MT_REQUIRE(L_ > 0 && world.size() % L_ == 0, ConfigError, "ranks per node (", L_,
-             ") must divide the world size (", world.size(), ")");
-  const int r = world.rank();
-  intra_ = world.split(r / L_, r, world.name() + ".intra");
-  inter_ = world.split(r % L_, r, world.name() + ".inter");
+namespace {
+
+NodePlan contiguous(const Communicator& world, int L) {
+  MT_REQUIRE(L > 0 && world.size() % L == 0, ConfigError, "ranks per node (", L, ") must divide the world size (",
+             world.size(), ")");
+  NodePlan p;
+  p.node = world.rank() / L;
+  p.slot = world.rank() % L;
+  p.ranksPerNode = L;
+  return p;
+}
+
+CommOptions optionsFor(const Communicator& parent, const std::string& suffix, const CommTuning& tuning) {
+  CommOptions o = parent.options();
+  o.name = parent.name() + suffix;
+  o.tuning = tuning;
+  return o;
+}
+
+}  // namespace
+
+NodeGroups::NodeGroups(Communicator& world, int ranksPerNode)
+    : NodeGroups(world, contiguous(world, ranksPerNode)) {}
+
+NodeGroups::NodeGroups(Communicator& world, const NodePlan& plan)
+    : world_(world), plan_(plan), L_(plan.ranksPerNode) {
+  MT_REQUIRE(plan.unusable.empty(), ConfigError, plan.unusable);
+  MT_REQUIRE(L_ > 0 && world.size() % L_ == 0 && plan.slot >= 0 && plan.slot < L_, ConfigError, "ranks per node (", L_,
+             ") must divide the world size (", world.size(), ") and hold slot ", plan.slot);
+  intra_ = world.split(plan.node, plan.slot, optionsFor(world, ".intra", plan.intra));
+  inter_ = world.split(plan.slot, plan.node, optionsFor(world, ".inter", plan.inter));
+  // The same answer on every rank (each node has L ranks, so every node has each slot once):
+  // collective, so a layout that breaks it fails everywhere instead of hanging in a phase later.
+  const bool mine = intra_->size() == L_ && inter_->size() == world.size() / L_;
+  const double bad = world.allReduceScalar(mine ? 0.0 : 1.0, ReduceOp::kSum);
+  MT_REQUIRE(bad == 0, ConfigError, "node groups: ", static_cast<int>(bad), " rank(s) found a node of other than ", L_,
+             " ranks or a slot missing on some node (intra size ", intra_->size(), ", inter size ", inter_->size(),
+             " here)");
+}
+
+std::vector<Communicator*> NodeGroups::communicators() const {
+  std::vector<Communicator*> out{intra_.get(), inter_.get()};
+  if (gather_) out.push_back(gather_.get());
+  return out;
 }
 
 Communicator& NodeGroups::intraGather() {
-  if (!gather_) gather_ = world_.split(world_.rank() / L_, world_.rank(), world_.name() + ".intra-gather");
+  if (!gather_) gather_ = world_.split(plan_.node, plan_.slot, optionsFor(world_, ".intra-gather", plan_.intra));
   return *gather_;
 }
 

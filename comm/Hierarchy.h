@@ -13,18 +13,36 @@
 // the node): on the intra-node one an all-gather waiting for the network would hold back the
 // next bucket's reduce-scatter queued behind it, and every communicator sees its ops in bucket
 // order on every rank (the collective contract; NCCL deadlocks otherwise).
-// Nodes are the real ones (MPI_COMM_TYPE_SHARED) or emulated (MT_NODE_SPLIT / topo.node_ranks).
+// Nodes and slots come from the rank layout launch/ builds from every rank's (host, GPU bus id,
+// rail) (topo/RankLayout): inside a node ranks are ordered by rail, so the inter-node communicator
+// of slot k joins the GPUs of one rail on every node. Nodes are real (hosts) or emulated
+// (MT_NODE_SPLIT / topo.node_ranks).
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "comm/BucketReducer.h"
 #include "comm/Communicator.h"
 
 namespace mt {
 
+// This rank's place: node `node`, position `slot` in it (0..ranksPerNode-1, distinct within a
+// node), and the NCCL config of the node and rail communicators.
+struct NodePlan {
+  int node = 0, slot = 0, ranksPerNode = 1;
+  CommTuning intra, inter;
+  // Non-empty: the layout has no node groups (nodes of different sizes), and why.
+  std::string unusable;
+};
+
 class NodeGroups {
  public:
-  // Collective over `world`: ranks [k*L, (k+1)*L) form node k. L must divide the world size.
+  // Collective over `world`: the ranks of one node form its intra-node communicators (ranked by
+  // slot), the ranks of one slot the inter-node one (ranked by node). Every node must have
+  // ranksPerNode ranks (ConfigError otherwise, on every rank).
+  NodeGroups(Communicator& world, const NodePlan& plan);
+  // Contiguous nodes: ranks [k*L, (k+1)*L) form node k, slot = rank % L. L must divide the world.
   NodeGroups(Communicator& world, int ranksPerNode);
   Communicator& world() { return world_; }
   Communicator& intra() { return *intra_; }
@@ -33,6 +51,8 @@ class NodeGroups {
   // collective over the world (HierarchicalReducer's constructor makes it at setup, so that
   // hybrid_shard, which never needs it, holds no third communicator: an NCCL one costs memory).
   Communicator& intraGather();
+  // The communicators made so far (intra, inter, and the gather one once made), for reports.
+  std::vector<Communicator*> communicators() const;
   int ranksPerNode() const { return L_; }
   int numNodes() const { return world_.size() / L_; }
 
@@ -41,6 +61,7 @@ class NodeGroups {
 
  private:
   Communicator& world_;
+  NodePlan plan_;
   int L_;
   std::unique_ptr<Communicator> intra_, inter_, gather_;
 };

@@ -516,7 +516,7 @@ std::shared_ptr<Work> MpiCommunicator::recv(void* buf, size_t count, DType dtype
       /*p2p=*/true, device);
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, CommOptions options) {
   auto result = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
   MPI_Comm comm = comm_;
   auto w = enqueue(CollectiveOp::kSplit, 0, DType::kI32, {0, color < 0 ? -1 : 0, 0, 0}, [=](Task&) {
@@ -525,9 +525,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const s
   });
   w->wait(timeout());
   if (*result == MPI_COMM_NULL) return nullptr;
-  CommOptions o = options();
-  o.name = name;
-  auto sub = std::make_unique<MpiCommunicator>(*result, o);
+  auto sub = std::make_unique<MpiCommunicator>(*result, std::move(options));
   MpiCallGuard g;
   MPI_Comm_free(result.get());  // the new communicator holds its own duplicate
   return sub;

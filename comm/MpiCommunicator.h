@@ -33,6 +33,7 @@ class MpiCommunicator final : public Communicator {
   using Communicator::allReduce;
   using Communicator::broadcast;
   using Communicator::reduceScatter;
+  using Communicator::split;
   const char* backend() const override { return "mpi"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -45,7 +46,7 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<Work> barrier() override;
   std::shared_ptr<Work> send(const void* buf, size_t count, DType dtype, int peer, Device device) override;
   std::shared_ptr<Work> recv(void* buf, size_t count, DType dtype, int peer, Device device) override;
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+  std::unique_ptr<Communicator> split(int color, int key, CommOptions options) override;
   void abort(const std::string& reason) override;
 
   MPI_Comm mpiComm() const { return comm_; }

@@ -91,4 +91,21 @@ MpiEnvironment::~MpiEnvironment() {
   if (!finalized) MPI_Finalize();
 }
 
+std::vector<std::string> allGatherStrings(MPI_Comm comm, const std::string& mine) {
+  MpiCallGuard guard;
+  int size = 0;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+  MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
+  int total = 0;
+  for (int r = 0; r < size; ++r) offsets[static_cast<size_t>(r)] = total, total += lens[static_cast<size_t>(r)];
+  std::string all(static_cast<size_t>(total), '\0');
+  MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, comm));
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r)
+    out.push_back(all.substr(static_cast<size_t>(offsets[static_cast<size_t>(r)]), static_cast<size_t>(lens[static_cast<size_t>(r)])));
+  return out;
+}
+
 }  // namespace mt

@@ -7,8 +7,12 @@
 #include <mpi.h>
 
 #include <string>
+#include <vector>
 
 namespace mt {
+
+// Every rank's `mine`, by rank (collective over `comm`).
+std::vector<std::string> allGatherStrings(MPI_Comm comm, const std::string& mine);
 
 class MpiEnvironment {
  public:

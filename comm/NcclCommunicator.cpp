@@ -49,6 +49,26 @@ class NcclWork final : public Work {
 
 }  // namespace
 
+// The ncclConfig_t of a communicator with `o`. netName points into `o`, which must outlive the init
+// or split call (NCCL copies it); commName must outlive the communicator (NCCL keeps the pointer).
+ncclConfig_t ncclConfigOf(const CommOptions& o, const char* commName) {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = 0;  // polled, so that a rank that never joins ends in a TimeoutError
+  // NCCL's log then names the communicator ("world.inter").
+  c.commName = commName;
+  const CommTuning& t = o.tuning;
+  if (t.cgaClusterSize >= 0) c.cgaClusterSize = t.cgaClusterSize;
+  if (t.minCtas >= 0) c.minCTAs = t.minCtas;
+  if (t.maxCtas >= 0) c.maxCTAs = t.maxCtas;
+  // NCCL 2.28 rejects minCTAs > maxCTAs before it fills in the unset maxCTAs (INT_MIN): give it
+  // the most channels there are (it caps the value to its MAXCHANNELS).
+  if (t.minCtas >= 0 && t.maxCtas < 0) c.maxCTAs = 64;
+  if (!t.netName.empty()) c.netName = t.netName.c_str();
+  if (t.splitShare >= 0) c.splitShare = t.splitShare;
+  if (t.trafficClass >= 0) c.trafficClass = t.trafficClass;
+  return c;
+}
+
 struct NcclCommunicator::Pending {
   std::shared_ptr<NcclWork> work;
   double enqueued;
@@ -94,15 +114,16 @@ NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, CommOptions options, Fata
   ncclUniqueId id;
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, bootstrap));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
+  ncclName_ = std::make_shared<const std::string>(name());
+  ncclConfig_t config = ncclConfigOf(this->options(), ncclName_->c_str());
   NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
   waitForCompletionOfInit("initialisation");
   watchdog_ = std::thread([this] { watchdogLoop(); });
 }
 
-NcclCommunicator::NcclCommunicator(ncclComm_t comm, CommOptions options, FatalHandler onFatal)
-    : Communicator(std::move(options)), comm_(comm), onFatal_(std::move(onFatal)) {
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, CommOptions options, FatalHandler onFatal,
+                                   std::shared_ptr<const std::string> ncclName)
+    : Communicator(std::move(options)), comm_(comm), ncclName_(std::move(ncclName)), onFatal_(std::move(onFatal)) {
   NCCL_CHECK(ncclCommCount(comm_, &size_));
   NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
   watchdog_ = std::thread([this] { watchdogLoop(); });
@@ -305,10 +326,10 @@ std::shared_ptr<Work> NcclCommunicator::recv(void* buf, size_t count, DType dtyp
   });
 }
 
-std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, CommOptions options) {
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
+  auto childName = std::make_shared<const std::string>(options.name);
+  ncclConfig_t config = ncclConfigOf(options, childName->c_str());
   ncclComm_t sub = nullptr;
   NCCL_CHECK(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &config));
   ncclResult_t state = ncclInProgress;
@@ -316,7 +337,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   while (state == ncclInProgress) {
     NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
     if (sw.elapsed() > std::chrono::duration<double>(timeout()).count())
-      throw TimeoutError("ncclCommSplit on communicator '" + this->name() + "' timed out");
+      throw TimeoutError("ncclCommSplit on communicator '" + name() + "' timed out");
   }
   if (sub) {
     state = ncclInProgress;
@@ -324,9 +345,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
     NCCL_CHECK(state);
   }
   if (!sub) return nullptr;
-  CommOptions o = options();
-  o.name = name;
-  return std::unique_ptr<Communicator>(new NcclCommunicator(sub, o, onFatal_));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(sub, std::move(options), onFatal_, std::move(childName)));
 }
 
 }  // namespace mt

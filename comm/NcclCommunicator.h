@@ -20,7 +20,9 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "comm/Communicator.h"
@@ -39,6 +41,7 @@ class NcclCommunicator final : public Communicator {
   using Communicator::allReduce;
   using Communicator::broadcast;
   using Communicator::reduceScatter;
+  using Communicator::split;
   const char* backend() const override { return "nccl"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -51,14 +54,15 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Work> barrier() override;
   std::shared_ptr<Work> send(const void* buf, size_t count, DType dtype, int peer, Device device) override;
   std::shared_ptr<Work> recv(void* buf, size_t count, DType dtype, int peer, Device device) override;
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+  std::unique_ptr<Communicator> split(int color, int key, CommOptions options) override;
   void abort(const std::string& reason) override;
 
   cudaStream_t stream() const { return stream_.get(); }
   ncclComm_t nccl() const { return comm_; }
 
  private:
-  NcclCommunicator(ncclComm_t comm, CommOptions options, FatalHandler onFatal);
+  NcclCommunicator(ncclComm_t comm, CommOptions options, FatalHandler onFatal,
+                   std::shared_ptr<const std::string> ncclName);
   struct Pending;
   // Runs `issue` (NCCL calls) on the comm stream after the current stream's work.
   std::shared_ptr<Work> run(CollectiveOp op, size_t bytes, DType dtype, const std::vector<const void*>& buffers,
@@ -75,6 +79,8 @@ class NcclCommunicator final : public Communicator {
   void fail(const std::string& reason, bool timeout);
 
   ncclComm_t comm_ = nullptr;
+  // ncclConfig_t::commName: NCCL keeps the pointer for the communicator's life.
+  std::shared_ptr<const std::string> ncclName_;
   int rank_ = 0, size_ = 1;
   CudaStream stream_;
   FatalHandler onFatal_;
@@ -87,5 +93,6 @@ class NcclCommunicator final : public Communicator {
 };
 
 ncclDataType_t ncclType(DType t);
+ncclConfig_t ncclConfigOf(const CommOptions& options, const char* commName);
 
 }  // namespace mt

@@ -174,7 +174,9 @@ const std::vector<ConfigKey>& configSchema() {
       text("checkpoint.resume", "auto", "auto (the newest valid checkpoint, if any), never, or a checkpoint directory"),
       boolean("checkpoint.at_exit", "true", "save when training ends and when SIGTERM/SIGUSR1 stops it"),
       // topo
-      text("topo.file", "", "NCCL topology XML of a node (NCCL_TOPO_FILE); rails and CPU affinity come from it"),
+      text("topo.file", "",
+           "NCCL topology XML of a node (NCCL_TOPO_FILE); rails, node groups and CPU affinity come from it (a file "
+           "that lists some rank's GPU bus id nowhere is refused: exit 2)"),
       text("topo.profile", "",
            "environment profile: a name in topo/profiles (ib-ndr, ib-hdr, roce-v2, socket, ...) or a path"),
       boolean("topo.hierarchical", "false",
@@ -182,8 +184,11 @@ const std::vector<ConfigKey>& configSchema() {
       integer("topo.node_ranks", "0", kNonNegative,
               "ranks per node for the intra/inter-node groups (0: the real nodes; >0 emulates)"),
       boolean("topo.bind_cpus", "true",
-              "cuda: bind each rank to the CPU cores of its GPU's NUMA node, found by PCI bus id in topo.file "
-              "(a file without this machine's bus ids is refused: exit 2)"),
+              "cuda: bind each rank to the CPU cores of its GPU's NUMA node, found by PCI bus id in topo.file"),
+      boolean("topo.bind_nic", "false",
+              "restrict each rank's NCCL to its rail: the NIC(s) nearest its GPU in topo.file, as NCCL_IB_HCA "
+              "(NCCL_SOCKET_IFNAME on sockets; EFA/unknown NICs: NCCL chooses); refused when that variable is "
+              "set already"),
       boolean("topo.report", "false",
               "rank 0 writes <run_dir>/nccl_report.json: NCCL's version, every NCCL_* variable in effect and where "
               "it came from, each communicator's groups of ranks, and the rings, trees and NICs NCCL chose (read "

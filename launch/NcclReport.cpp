@@ -93,7 +93,8 @@ void writeNcclReport(const std::string& runDir, Communicator& world, int worldRa
                      {"backend", c->backend()},
                      {"size", c->size()},
                      {"count", g.size()},
-                     {"groups", g}});
+                     {"groups", g},
+                     {"nccl_config", c->options().tuning.describe()}});
   }
   world.barrierSync();  // every rank's NCCL has initialised its communicators and logged it
   if (worldRank != 0) return;
@@ -114,6 +115,36 @@ void writeNcclReport(const std::string& runDir, Communicator& world, int worldRa
     j["env"].push_back({{"name", e.name}, {"value", e.value}, {"origin", e.origin}});
   }
   j["communicators"] = comms;
+  // Every rank's place, as the ranks told each other at start (launch/TopologySetup).
+  const RankLayout& l = topo.layout;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& p : l.placements) {
+    nlohmann::json nics = nlohmann::json::array();
+    for (int n : p.nics) {
+      std::string names;
+      for (const auto& net : topo.topology->nics()[static_cast<size_t>(n)].nets)
+        names += (names.empty() ? "" : ",") + net.name;
+      nics.push_back({{"nic", n}, {"devices", names}});
+    }
+    ranks.push_back({{"rank", p.rank},
+                     {"host", p.host},
+                     {"node", p.node},
+                     {"slot", p.localRank},
+                     {"gpu_busid", p.busid},
+                     {"gpu_emulated", p.gpuFromFile},
+                     {"numa", p.numa},
+                     {"rail", nics},
+                     {"rail_path", p.nics.empty() ? "" : pathTypeName(p.railPath)},
+                     {"nic_binding", p.nicBinding}});
+  }
+  j["layout"] = {{"nodes", l.nodes},
+                 {"ranks_per_node", l.ranksPerNode},
+                 {"uniform", l.uniform},
+                 {"rail_aligned", l.railAligned},
+                 {"intra_node_groups", l.intraNode},
+                 {"rail_groups", l.rails},
+                 {"problems", l.problems},
+                 {"ranks", ranks}};
 
   nlohmann::json logs = nlohmann::json::array();
   std::vector<std::string> notes;

@@ -1,8 +1,9 @@
 #pragma once
 // topo.report = true: <run_dir>/nccl_report.json, what the communication layer actually ran with:
 //   backend and NCCL version; every NCCL_* variable in effect with its origin (profile, topo.file,
-//   topo.report, environment); each communicator (world, intra-node, inter-node, ...) with its size
-//   and all its groups of world ranks; and per process the rings, trees, network and NICs NCCL
+//   topo.report, topo.bind_nic, environment); each communicator (world, intra-node, inter-node,
+//   ...) with its size, all its groups of world ranks and its ncclConfig_t settings; the rank
+//   layout (every rank's host, GPU, rail NICs and NIC binding); and per process the rings, trees, network and NICs NCCL
 //   chose, parsed from its NCCL_DEBUG=INFO file (topo/NcclLog). Collective over `world`: every
 //   rank calls it after the communicators exist; rank 0 writes.
 

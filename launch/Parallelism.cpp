@@ -11,28 +11,30 @@ namespace {
 
 std::vector<Communicator*> groupsOf(NodeGroups* g) {
   if (!g) return {};
-  return {&g->intra(), &g->inter()};
+  return g->communicators();
 }
 
-// Node groups of `L` ranks over `world`, once for whichever strategy needs them.
-std::unique_ptr<NodeGroups> makeGroups(const Config& cfg, Communicator& world, int L) {
-  if (world.size() % L != 0)
-    cfg.fail("topo.node_ranks", std::to_string(L) + " ranks per node do not divide the " + std::to_string(world.size()) +
-                                    " ranks");
-  return std::make_unique<NodeGroups>(world, L);
+// The node groups of the layout over `world`, for whichever strategy needs them (`key`: the
+// setting that asked for them, named when the layout has none).
+std::unique_ptr<NodeGroups> makeGroups(const Config& cfg, const char* key, Communicator& world, const NodePlan& plan) {
+  if (!plan.unusable.empty()) cfg.fail(key, plan.unusable);
+  if (world.size() % plan.ranksPerNode != 0)
+    cfg.fail("topo.node_ranks", std::to_string(plan.ranksPerNode) + " ranks per node do not divide the " +
+                                    std::to_string(world.size()) + " ranks");
+  return std::make_unique<NodeGroups>(world, plan);
 }
 
 // no_shard: every rank holds the whole model and optimizer state; gradients are averaged by
 // DataParallel's buckets (absent on a single rank of the local backend: nothing to reduce).
 class Replicated final : public Parallelism {
  public:
-  Replicated(const Settings& s, const Config& cfg, Model& model, Communicator& world, int ranksPerNode)
+  Replicated(const Settings& s, const Config& cfg, Model& model, Communicator& world, const NodePlan& nodes)
       : model_(model) {
     // An explicitly chosen backend is used even by a single rank (so a 1-rank NCCL run exercises it).
     if (world.size() > 1 || std::string(world.backend()) != "local") {
       dp_ = std::make_unique<DataParallel>(model.params(), world, s.dp);
       if (s.hierarchical) {
-        groups_ = makeGroups(cfg, world, ranksPerNode);
+        groups_ = makeGroups(cfg, "topo.hierarchical", world, nodes);
         dp_->setReducer(std::make_unique<HierarchicalReducer>(*groups_));
       } else {
         dp_->setReducer(makeBucketReducer(s.compression, world, model.params()));
@@ -100,11 +102,12 @@ class Replicated final : public Parallelism {
 // full_shard / shard_grad_op / hybrid_shard: ShardedEngine owns the shards and their optimizer.
 class Sharded final : public Parallelism {
  public:
-  Sharded(const Settings& s, const Config& cfg, Model& model, Communicator& world, int ranksPerNode) : model_(model) {
+  Sharded(const Settings& s, const Config& cfg, Model& model, Communicator& world, const NodePlan& nodes)
+      : model_(model) {
     Communicator* shardComm = &world;
     Communicator* replicaComm = nullptr;
     if (s.sharding.strategy == ShardStrategy::kHybridShard) {
-      groups_ = makeGroups(cfg, world, ranksPerNode);
+      groups_ = makeGroups(cfg, "sharding.strategy", world, nodes);
       shardComm = &groups_->intra();
       replicaComm = &groups_->inter();
     }
@@ -146,10 +149,9 @@ class Sharded final : public Parallelism {
 }  // namespace
 
 std::unique_ptr<Parallelism> makeParallelism(const Settings& s, const Config& cfg, Model& model, Communicator& world,
-                                             int ranksPerNode) {
-  if (s.sharding.strategy != ShardStrategy::kNoShard)
-    return std::make_unique<Sharded>(s, cfg, model, world, ranksPerNode);
-  return std::make_unique<Replicated>(s, cfg, model, world, ranksPerNode);
+                                             const NodePlan& nodes) {
+  if (s.sharding.strategy != ShardStrategy::kNoShard) return std::make_unique<Sharded>(s, cfg, model, world, nodes);
+  return std::make_unique<Replicated>(s, cfg, model, world, nodes);
 }
 
 }  // namespace mt

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/Hierarchy.h"
 #include "comm/Communicator.h"
 #include "comm/Compression.h"
 #include "comm/DataParallel.h"
@@ -71,10 +72,10 @@ class Parallelism {
   virtual std::vector<Communicator*> groupCommunicators() = 0;
 };
 
-// Builds the strategy of `s` for `model` (parameters initialised) over `world`; ranksPerNode is
-// the node size the groups use (topo.node_ranks, else the launcher's local size). Configuration
-// errors (node size not dividing the world) go through cfg.fail.
+// Builds the strategy of `s` for `model` (parameters initialised) over `world`; `nodes` is this
+// rank's place in the rank layout (node, slot, communicator config) that node groups use.
+// Configuration errors (a layout without node groups) go through cfg.fail.
 std::unique_ptr<Parallelism> makeParallelism(const Settings& s, const Config& cfg, Model& model, Communicator& world,
-                                             int ranksPerNode);
+                                             const NodePlan& nodes);
 
 }  // namespace mt

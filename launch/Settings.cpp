@@ -166,6 +166,7 @@ Settings Settings::fromConfig(const Config& c) {
   s.profile = c.str("topo.profile");
   s.hierarchical = c.flag("topo.hierarchical");
   s.bindCpus = c.flag("topo.bind_cpus");
+  s.bindNic = c.flag("topo.bind_nic");
   s.topoReport = c.flag("topo.report");
   s.nodeRanks = static_cast<int>(c.i64("topo.node_ranks"));
   if (s.hierarchical && co.method != CompressionMethod::kNone)

@@ -60,7 +60,7 @@ struct Settings {
   bool checkpointAtExit = true;
   // topo
   std::string topoFile, profile;
-  bool hierarchical = false, bindCpus = true, topoReport = false;
+  bool hierarchical = false, bindCpus = true, bindNic = false, topoReport = false;
   int nodeRanks = 0;
 
   static Settings fromConfig(const Config& cfg);

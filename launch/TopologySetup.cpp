@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "comm/MpiEnvironment.h"
 #include "core/EnvParams.h"
 #include "core/Error.h"
 #include "core/Log.h"
@@ -59,6 +60,7 @@ TopologySetup applyTopology(const Settings& s, int rank) {
   // Set outside any profile, these steer NCCL as much: listed too, and checked against the table.
   std::vector<std::string> warnings;
   for (auto& l : environmentNcclVars(t.ncclEnv, &warnings)) t.ncclEnv.push_back(std::move(l));
+  if (t.profile) t.profile->checkTuningAgainst(t.ncclEnv);
   if (rank == 0) {
     for (const auto& w : warnings) MT_LOG_WARN << w;
     for (const auto& l : t.ncclEnv) MT_LOG_INFO << "nccl env: " << l;
@@ -67,25 +69,131 @@ TopologySetup applyTopology(const Settings& s, int rank) {
   return t;
 }
 
-void bindToGpuCpus(const Topology& topology, int device) {
+namespace {
+
+std::string cudaBusId(int device) {
 #ifdef MT_WITH_CUDA
   char bus[32] = {0};
-  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) return;
-  std::string id = bus;
-  for (auto& ch : id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  // By bus id only: falling back to the index order bound ranks to the wrong NUMA node's cores
-  // when the file described another machine.
-  const TopoGpu* match = topology.gpuByBusId(id);
-  if (!match) {
-    std::string listed;
-    for (const auto& g : topology.gpus()) listed += (listed.empty() ? "" : ", ") + g.busid;
-    throw ConfigError("topo.file " + topology.source() + ": no GPU at this rank's bus id " + id + " (GPU " +
-                      std::to_string(device) + "; the file lists " + (listed.empty() ? "none" : listed) +
-                      "): it describes another machine; dump this one's with NCCL_TOPO_DUMP_FILE, or set "
-                      "topo.bind_cpus = false");
+  if (device >= 0 && cudaDeviceGetPCIBusId(bus, sizeof(bus), device) == cudaSuccess) {
+    std::string id = bus;
+    for (auto& ch : id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return id;
   }
-  if (match->cpu < 0) return;
-  const auto& cores = topology.cpus()[static_cast<size_t>(match->cpu)].cores;
+#else
+  (void)device;
+#endif
+  return "";
+}
+
+std::vector<std::string> splitTabs(const std::string& s) {
+  std::vector<std::string> out(1);
+  for (char c : s) {
+    if (c == '\t') out.emplace_back();
+    else out.back() += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+void exchangeRankLayout(MPI_Comm comm, int rank, const std::string& host, int localRank, int emulatedNodeRanks,
+                        int device, bool nccl, TopologySetup& setup) {
+  const Topology* t = setup.topology.get();
+  std::string busid = cudaBusId(device);
+  bool fromFile = false;
+  if (busid.empty() && t && !t->gpus().empty()) {
+    // A CPU rank plays the file's GPU of its place in the node.
+    busid = t->gpus()[static_cast<size_t>(localRank) % t->gpus().size()].busid;
+    fromFile = true;
+  }
+  // Emulated nodes get a host name of their own, so that grouping by host finds them too.
+  const std::string myHost = emulatedNodeRanks > 0 ? host + "#" + std::to_string(rank / emulatedNodeRanks) : host;
+  const RankIdentity me = identify(t, myHost, busid, fromFile);
+  const bool inFile = !t || busid.empty() || t->gpuByBusId(busid) != nullptr;
+  const auto all = allGatherStrings(comm, me.host + "\t" + me.busid + "\t" + std::to_string(me.rail) + "\t" +
+                                              (me.gpuFromFile ? "1" : "0") + "\t" + (inFile ? "1" : "0"));
+  std::vector<RankIdentity> ids;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const auto f = splitTabs(all[r]);
+    if (f.size() != 5) throw InternalError("rank identity exchange: malformed record from rank " + std::to_string(r));
+    RankIdentity id;
+    id.host = f[0];
+    id.busid = f[1];
+    id.rail = std::stoi(f[2]);
+    id.gpuFromFile = f[3] == "1";
+    // The file describes another machine: bound by index, ranks would take the wrong NUMA node's
+    // cores and rail NICs. Every rank has every record, so every rank refuses alike.
+    if (f[4] != "1") {
+      std::string listed;
+      for (const auto& g : t->gpus()) listed += (listed.empty() ? "" : ", ") + g.busid;
+      throw ConfigError("topo.file " + t->source() + ": rank " + std::to_string(r) + " on " + id.host +
+                        " drives the GPU at bus id " + id.busid + ", which the file does not list (it lists " +
+                        (listed.empty() ? "none" : listed) +
+                        "): it describes another machine; dump this one's with NCCL_TOPO_DUMP_FILE");
+    }
+    ids.push_back(id);
+  }
+  setup.layout = groupRanks(ids, t, emulatedNodeRanks);
+  if (nccl && !setup.layout.sharedGpus.empty()) {
+    const auto& ranks = setup.layout.sharedGpus.front();
+    const RankPlacement& p = setup.layout.placements[static_cast<size_t>(ranks.front())];
+    std::string list;
+    for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    throw ConfigError("dist.backend = nccl: ranks " + list + " share GPU " + p.busid + " of host " + p.host +
+                      ", and NCCL runs one rank per GPU (use dist.backend = mpi, or as many GPUs as ranks per node)");
+  }
+  if (rank == 0) {
+    for (const auto& p : setup.layout.problems) MT_LOG_WARN << "rank layout: " << p;
+    MT_LOG_DEBUG << "rank layout:\n" << setup.layout.summary();
+  }
+}
+
+void bindRailNic(TopologySetup& setup, int rank) {
+  if (!setup.topology) throw ConfigError("topo.bind_nic = true needs topo.file: the rails come from it");
+  const RankPlacement& me = setup.layout.placements.at(static_cast<size_t>(rank));
+  if (me.nicBinding.empty()) {
+    if (rank != 0) return;
+    std::string why = "no NIC near its GPU";
+    if (!me.nics.empty())
+      why = std::string("its NIC's fabric is ") + fabricName(setup.topology->nics()[static_cast<size_t>(me.nics[0])].fabric);
+    MT_LOG_WARN << "topo.bind_nic: " << setup.topology->source() << " names no device for rank 0's rail (" << why
+                << "): NCCL chooses the NICs itself";
+    return;
+  }
+  const NcclEnvEntry e = parseNcclEnvEntry(me.nicBinding);
+  for (const auto& l : setup.ncclEnv) {
+    if (l.rfind(e.name + "=", 0) != 0) continue;
+    throw ConfigError("topo.bind_nic = true sets " + e.name + " to each rank's rail NIC(s), but " + l +
+                      " is already in effect: remove one of the two");
+  }
+  setenv(e.name.c_str(), e.value.c_str(), 1);
+  std::string nics;
+  for (int n : me.nics) nics += (nics.empty() ? "nic" : ",nic") + std::to_string(n);
+  setup.ncclEnv.push_back(me.nicBinding + " (topo.bind_nic: rank " + std::to_string(rank) + "'s rail " + nics + ")");
+}
+
+NodePlan nodePlanOf(const TopologySetup& setup, int rank) {
+  const RankLayout& l = setup.layout;
+  NodePlan p;
+  const RankPlacement& me = l.placements.at(static_cast<size_t>(rank));
+  p.node = me.node;
+  p.slot = me.localRank;
+  p.ranksPerNode = l.ranksPerNode;
+  p.unusable = l.unequalNodes;
+  if (setup.profile) {
+    p.intra = setup.profile->tuning("intra");
+    p.inter = setup.profile->tuning("inter");
+  }
+  return p;
+}
+
+void bindToGpuCpus(const Topology& topology, const RankPlacement& me) {
+  // By bus id only (exchangeRankLayout refused a file without it): the index order bound ranks to
+  // the wrong NUMA node's cores when the file described another machine.
+  if (me.gpuFromFile || me.gpu < 0) return;
+  const TopoGpu& g = topology.gpus()[static_cast<size_t>(me.gpu)];
+  if (g.cpu < 0) return;
+  const auto& cores = topology.cpus()[static_cast<size_t>(g.cpu)].cores;
   cpu_set_t set;
   CPU_ZERO(&set);
   int usable = 0;
@@ -94,13 +202,9 @@ void bindToGpuCpus(const Topology& topology, int device) {
     if (c < hw && c < CPU_SETSIZE) CPU_SET(c, &set), ++usable;
   if (usable == 0) return;  // the file describes another machine
   if (sched_setaffinity(0, sizeof(set), &set) == 0) {
-    MT_LOG_DEBUG << "bound to " << usable << " cores of NUMA node "
-                 << topology.cpus()[static_cast<size_t>(match->cpu)].numa << " (GPU " << id << ")";
+    MT_LOG_DEBUG << "bound to " << usable << " cores of NUMA node " << topology.cpus()[static_cast<size_t>(g.cpu)].numa
+                 << " (GPU " << me.busid << ")";
   }
-#else
-  (void)topology;
-  (void)device;
-#endif
 }
 
 NcclEnvEntry parseNcclEnvEntry(const std::string& entry) {

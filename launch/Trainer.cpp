@@ -93,7 +93,6 @@ void Trainer::setupDevice() {
   if (n == 0) cfg_.fail("train.device", "no CUDA device is visible to rank " + std::to_string(mpi_.rank()));
   cuda_ = std::make_unique<CudaRuntime>(mpi_.localRank() % n);
   device_ = cuda_->dev();
-  if (topo_.topology && s_.bindCpus) bindToGpuCpus(*topo_.topology, cuda_->device());
   cuda_->setMatmulPrecision(s_.precision == "bf16"   ? MatmulPrecision::kBF16
                             : s_.precision == "f16" ? MatmulPrecision::kF16
                                                     : MatmulPrecision::kF32);
@@ -115,6 +114,15 @@ void Trainer::setupComm() {
   if (backend == "auto") backend = mpi_.size() > 1 ? (device_.isCuda() ? "nccl" : "mpi") : "local";
   if (backend == "local" && mpi_.size() > 1)
     cfg_.fail("dist.backend", "local works for one rank only; this job has " + std::to_string(mpi_.size()));
+  // Every rank's (host, GPU, rail) before any communicator: the node groups, the CPU binding and
+  // the NIC binding come from it, and NCCL reads NCCL_IB_HCA at its first call.
+  const int emulated = s_.nodeRanks > 0 ? s_.nodeRanks : mpi_.emulatedNodeSize();
+  exchangeRankLayout(MPI_COMM_WORLD, mpi_.rank(), mpi_.hostname(), emulated > 0 ? mpi_.rank() % emulated : mpi_.localRank(),
+                     emulated, device_.isCuda() ? device_.index : -1, backend == "nccl", topo_);
+  if (device_.isCuda() && topo_.topology && s_.bindCpus)
+    bindToGpuCpus(*topo_.topology, topo_.layout.placements.at(static_cast<size_t>(mpi_.rank())));
+  if (s_.bindNic) bindRailNic(topo_, mpi_.rank());
+  if (topo_.profile) opts.tuning = topo_.profile->tuning("world");
   if (backend == "local") {
     world_ = std::make_unique<LocalCommunicator>(opts);
   } else if (backend == "nccl") {
@@ -193,8 +201,7 @@ void Trainer::setupModel() {
     cfg_.fail(task_->sizeKey(), "the model's " + needs + ": " + e.what());
   }
   model_->initParams(s_.seed);
-  const int ranksPerNode = s_.nodeRanks > 0 ? s_.nodeRanks : mpi_.localSize();
-  parallelism_ = makeParallelism(s_, cfg_, *model_, *world_, ranksPerNode);
+  parallelism_ = makeParallelism(s_, cfg_, *model_, *world_, nodePlanOf(topo_, mpi_.rank()));
   if (world_->rank() == 0) {
     MT_LOG_INFO << "model " << model_->name() << ": " << model_->params().numel() << " parameters in "
                 << model_->params().size() << " tensors; " << world_->size() << " rank(s) x batch " << localBatch_

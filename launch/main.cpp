@@ -267,6 +267,12 @@ int main(int argc, char** argv) {
     }
     if (a == "--help-nccl") {  // the NCCL variables profiles and the environment are checked against
       for (const auto& name : mt::knownNcclParams()) std::printf("%s\n", name.c_str());
+      // A profile's per-communicator ncclConfig_t lines, and the variable that would override each.
+      for (const auto& field : mt::knownNcclConfigFields()) {
+        const std::string over = mt::ncclConfigOverride(field);
+        std::printf("comm.<all|world|intra|inter>.%s (ncclConfig_t %s%s)\n", field.c_str(),
+                    mt::ncclConfigMember(field).c_str(), over.empty() ? "" : (", overridden by " + over).c_str());
+      }
       return 0;
     }
     if (a == "--config-reference") {  // the README's table, generated from the schema

@@ -50,10 +50,15 @@ NcclLogSummary parseNcclDebugLog(const std::string& text) {
   static const std::regex kNic(R"(^(NET/\S+)\s*: Using (.+)$)");
   static const std::regex kEnv(R"(^(NCCL_\w+ set by environment to .*)$)");
   static const std::regex kSystemStart(R"(^=== System : (.*) ===$)");
+  // Printed by the creating thread before the comm's Init START (parseCommConfig): they belong to
+  // the next communicator this process starts.
+  static const std::regex kConfig(R"(^Comm config (.+?) set to (.*)$)");
+  static const std::regex kChannels(R"(^(\d+) coll channels,)");
   bool inSystem = false;
 
   std::map<std::string, size_t> byId;             // comm pointer -> index in s.comms
   std::map<std::string, size_t> currentOfThread;  // "pid:tid" -> the comm it is initialising
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> pendingConfig;  // per pid
   auto commFor = [&](const std::string& id) -> NcclLogComm& {
     auto it = byId.find(id);
     if (it != byId.end()) return s.comms[it->second];
@@ -73,8 +78,19 @@ NcclLogSummary parseNcclDebugLog(const std::string& text) {
     const std::string thread = m[2].str() + ":" + m[3].str();
     const std::string msg = trim(m[4].str());
     std::smatch x;
+    if (std::regex_match(msg, x, kConfig)) {
+      pendingConfig[m[2].str()].emplace_back(x[1].str(), trim(x[2].str()));
+      continue;
+    }
     if (std::regex_search(msg, x, kInit)) {
       NcclLogComm& c = commFor(x[1].str());
+      if (x[8].str() == "START") {
+        for (const auto& [field, value] : pendingConfig[m[2].str()]) {
+          if (field == "Comm name") c.name = value;
+          else if (field != "Blocking") c.config.push_back(field + "=" + value);  // ours is always 0
+        }
+        pendingConfig.erase(m[2].str());
+      }
       c.rank = std::stoi(x[2].str());
       c.nranks = std::stoi(x[3].str());
       c.cudaDev = std::stoi(x[4].str());
@@ -134,7 +150,9 @@ NcclLogSummary parseNcclDebugLog(const std::string& text) {
     // Channel/Trees lines of a thread that is initialising no known comm (another thread's, or a
     // log cut at the start) are kept under an anonymous comm rather than dropped.
     NcclLogComm& c = cur != currentOfThread.end() ? s.comms[cur->second] : commFor("?");
-    if (std::regex_match(msg, x, kRing)) {
+    if (std::regex_search(msg, x, kChannels)) {
+      c.collChannels = std::stoi(x[1].str());
+    } else if (std::regex_match(msg, x, kRing)) {
       c.rings.push_back(x[1].str() + " :" + " " + squeeze(x[2].str()));
     } else if (std::regex_match(msg, x, kP2p)) {
       c.p2p.push_back(x[1].str() + " : " + squeeze(x[2].str()));
@@ -169,6 +187,9 @@ nlohmann::json toJson(const NcclLogSummary& s) {
                           {"comm_hash", c.commHash},
                           {"parent", c.parent},
                           {"init_complete", c.complete},
+                          {"name", c.name},
+                          {"config", c.config},
+                          {"coll_channels", c.collChannels},
                           {"rings", c.rings},
                           {"trees", c.trees},
                           {"p2p", c.p2p}});

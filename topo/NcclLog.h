@@ -21,6 +21,9 @@ struct NcclLogComm {
   std::string busId, commHash;
   std::string parent;              // split communicators: the comm they were split from
   bool complete = false;           // "Init COMPLETE" seen
+  std::string name;                // ncclConfig_t commName ("world.inter"), when the caller set one
+  std::vector<std::string> config; // "Max CTAs=2": the config fields NCCL reports as set
+  int collChannels = -1;           // "N coll channels, ...": the channels (CTAs) it will use
   std::vector<std::string> rings;  // "00/02 : 0 1 2 3" (channel/channels : ring order)
   std::vector<std::string> trees;  // "[0] -1/-1/-1->0->1 ..." as NCCL prints them
   std::vector<std::string> p2p;    // "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM" connections

@@ -9,6 +9,8 @@
 
 #include "topo/Profile.h"
 
+#include "comm/CommTuning.h"
+
 namespace mt {
 
 namespace {
@@ -98,6 +100,9 @@ const std::vector<ParamSpec>& table() {
       {"NCCL_WORK_FIFO_DEPTH", Kind::kInt, 1024, 1L << 24, nullptr, nullptr},
       {"NCCL_MAX_P2P_NCHANNELS", Kind::kInt, 1, 64, nullptr, nullptr},
       {"NCCL_ALLOC_P2P_NET_LL_BUFFERS", Kind::kBool, 0, 0, nullptr, nullptr},
+      {"NCCL_CGA_CLUSTER_SIZE", Kind::kInt, 0, 8, nullptr, nullptr},
+      {"NCCL_COMM_SPLIT_SHARE_RESOURCES", Kind::kBool, 0, 0, nullptr, nullptr},
+      {"NCCL_NCHANNELS_PER_NET_PEER", Kind::kInt, 1, 64, nullptr, nullptr},
       // Deprecated: accepted with a warning naming the replacement.
       {"NCCL_MIN_NRINGS", Kind::kInt, 1, 64, nullptr, "NCCL_MIN_NCHANNELS"},
       {"NCCL_MAX_NRINGS", Kind::kInt, 1, 64, nullptr, "NCCL_MAX_NCHANNELS"},
@@ -107,6 +112,30 @@ const std::vector<ParamSpec>& table() {
       {"NCCL_SINGLE_RING_THRESHOLD", Kind::kInt, 0, 1L << 40, nullptr, "NCCL_MAX_NCHANNELS"},
       {"NCCL_CHECKS_DISABLE", Kind::kBool, 0, 0, nullptr, "NCCL_CHECK_POINTERS"},
       {"NCCL_GRAPH_REGISTER", Kind::kBool, 0, 0, nullptr, "NCCL_CUMEM_ENABLE"},
+  };
+  return t;
+}
+
+// ncclConfig_t's fields a profile may set per communicator (comm.<scope>.<field>), with the
+// environment variable that NCCL lets override the field in every communicator (envConfigOverride
+// in NCCL's init.cc): setting both would make the per-communicator value a silent no-op.
+struct ConfigSpec {
+  const char* field;   // the profile's name
+  const char* member;  // ncclConfig_t's
+  Kind kind;
+  long lo, hi;
+  const char* overriddenBy;
+  int CommTuning::*intField;  // null: netName
+};
+
+const std::vector<ConfigSpec>& configTable() {
+  static const std::vector<ConfigSpec> t = {
+      {"cga_cluster_size", "cgaClusterSize", Kind::kInt, 0, 8, "NCCL_CGA_CLUSTER_SIZE", &CommTuning::cgaClusterSize},
+      {"min_ctas", "minCTAs", Kind::kInt, 1, 64, "NCCL_MIN_CTAS", &CommTuning::minCtas},
+      {"max_ctas", "maxCTAs", Kind::kInt, 1, 64, "NCCL_MAX_CTAS", &CommTuning::maxCtas},
+      {"net_name", "netName", Kind::kString, 0, 0, "NCCL_NET", nullptr},
+      {"split_share", "splitShare", Kind::kBool, 0, 1, "NCCL_COMM_SPLIT_SHARE_RESOURCES", &CommTuning::splitShare},
+      {"traffic_class", "trafficClass", Kind::kInt, 0, 255, nullptr, &CommTuning::trafficClass},
   };
   return t;
 }
@@ -142,6 +171,47 @@ std::vector<std::string> knownNcclParams() {
   std::vector<std::string> out;
   for (const auto& p : table()) out.push_back(p.name);
   return out;
+}
+
+std::vector<std::string> knownNcclConfigFields() {
+  std::vector<std::string> out;
+  for (const auto& c : configTable()) out.push_back(c.field);
+  return out;
+}
+
+NcclParamCheck setNcclConfigField(const std::string& field, const std::string& value, CommTuning* tuning) {
+  NcclParamCheck r;
+  const ConfigSpec* spec = nullptr;
+  for (const auto& c : configTable())
+    if (field == c.field) spec = &c;
+  if (!spec) return r;
+  r.known = true;
+  if (!spec->intField) {
+    if (value.empty()) r.error = "must not be empty";
+    else tuning->netName = value;
+    return r;
+  }
+  long v = 0;
+  if (!parseLong(value, &v) || v < spec->lo || v > spec->hi) {
+    r.error = spec->kind == Kind::kBool ? "must be 0 or 1"
+                                        : "must be an integer in [" + std::to_string(spec->lo) + ", " +
+                                              std::to_string(spec->hi) + "]";
+    return r;
+  }
+  tuning->*(spec->intField) = static_cast<int>(v);
+  return r;
+}
+
+std::string ncclConfigOverride(const std::string& field) {
+  for (const auto& c : configTable())
+    if (field == c.field && c.overriddenBy) return c.overriddenBy;
+  return "";
+}
+
+std::string ncclConfigMember(const std::string& field) {
+  for (const auto& c : configTable())
+    if (field == c.field) return c.member;
+  return "";
 }
 
 NcclParamCheck checkNcclParam(const std::string& key, const std::string& value) {

@@ -60,11 +60,59 @@ Profile Profile::parse(const std::string& text, const std::string& path) {
       for (const auto& e : p.nccl)
         if (e.key == key) fail(key + " set twice (first on line " + std::to_string(e.line) + ")");
       p.nccl.push_back({key, value, n});
+    } else if (key.rfind("comm.", 0) == 0) {
+      const size_t dot = key.find('.', 5);
+      const std::string scope = key.substr(5, dot == std::string::npos ? std::string::npos : dot - 5);
+      const std::string field = dot == std::string::npos ? "" : key.substr(dot + 1);
+      bool scopeKnown = false;
+      for (const char* sc : kCommScopes) scopeKnown = scopeKnown || scope == sc;
+      if (!scopeKnown) fail(key + ": unknown communicator scope '" + scope + "' (all, world, intra, inter)");
+      NcclParamCheck c = setNcclConfigField(field, value, &p.tunings[scope]);
+      if (!c.known) {
+        std::string known;
+        for (const auto& f : knownNcclConfigFields()) known += (known.empty() ? "" : ", ") + f;
+        fail(key + ": unknown ncclConfig_t field '" + field + "' (" + known + ")");
+      }
+      if (!c.error.empty()) fail(key + "='" + value + "': " + c.error);
+      for (const auto& e : p.comm)
+        if (e.key == key) fail(key + " set twice (first on line " + std::to_string(e.line) + ")");
+      p.comm.push_back({key, value, n});
     } else {
-      fail("unknown key " + key + " (NCCL_* variables, or fabric, nic_gbps, nic_efficiency)");
+      fail("unknown key " + key + " (NCCL_* variables, comm.<scope>.<field>, or fabric, nic_gbps, nic_efficiency)");
     }
   }
+  // NCCL refuses minCTAs > maxCTAs (ncclInvalidArgument at the communicator's creation): here,
+  // with the file's name, for every scope as it resolves.
+  for (const char* scope : {"world", "intra", "inter"}) {
+    const CommTuning t = p.tuning(scope);
+    if (t.minCtas >= 0 && t.maxCtas >= 0 && t.minCtas > t.maxCtas)
+      throw ConfigError("profile " + path + ": communicators of scope " + scope + " get min_ctas " +
+                        std::to_string(t.minCtas) + " > max_ctas " + std::to_string(t.maxCtas));
+  }
   return p;
+}
+
+CommTuning Profile::tuning(const std::string& scope) const {
+  CommTuning t;
+  auto all = tunings.find("all");
+  if (all != tunings.end()) t = all->second;
+  auto it = tunings.find(scope);
+  if (it != tunings.end()) t = t.overriddenBy(it->second);
+  return t;
+}
+
+void Profile::checkTuningAgainst(const std::vector<std::string>& ncclEnv) const {
+  for (const auto& e : comm) {
+    const std::string field = e.key.substr(e.key.rfind('.') + 1);
+    const std::string var = ncclConfigOverride(field);
+    if (var.empty()) continue;
+    for (const auto& l : ncclEnv) {
+      if (l.rfind(var + "=", 0) != 0) continue;
+      throw ConfigError("profile " + path + ":" + std::to_string(e.line) + ": " + e.key + " sets ncclConfig_t " +
+                        ncclConfigMember(field) + ", but " + l + " is in effect and NCCL lets " + var +
+                        " override it in every communicator: remove one of the two");
+    }
+  }
 }
 
 Profile Profile::load(const std::string& nameOrPath, const std::string& dir) {

@@ -54,7 +54,8 @@ case "$what" in
     echo "=== gpu_training"
     g=GpuTraining
     PYTHONUNBUFFERED=1 python3 tests/launch/test_gpu_training.py -v $g.test_fashion_cnn_accuracy \
-      $g.test_one_rank_nccl_matches_cpu $g.test_two_rank_mpi_backend_on_one_gpu_matches_cpu \
+      $g.test_one_rank_nccl_matches_cpu $g.test_one_rank_nccl_hierarchical_rails \
+      $g.test_two_rank_mpi_backend_on_one_gpu_matches_cpu \
       $g.test_gpu_local_matches_cpu $g.test_f16_loss_scaling_trains $g.test_data_feeds_match_cpu \
       $g.test_gpu_compression_trains $g.test_offload_pipeline_matches_cpu $g.test_delayed_update_trains 2>&1 | tee "$out/gpu_training.log" | tail -25
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1

@@ -81,5 +81,46 @@ TEST(Hierarchy, ChainedPhasesStartAfterTheirPredecessor) {
   EXPECT_EQ(test::relErr(x, y), 0.0);
 }
 
+// A node plan from the rank layout: node 0 = ranks {0, 3}, node 1 = {1, 2}, and slots not in rank
+// order (rails numbered differently by the launcher). The node communicators are ranked by slot,
+// the inter-node ones join equal slots, the config reaches each communicator's options, and the
+// hierarchical reduction still equals the flat one.
+TEST(Hierarchy, NodePlanFromTheLayout) {
+  MpiCommunicator world(MPI_COMM_WORLD, CommOptions());
+  const int r = world.rank();
+  ASSERT_EQ(world.size(), 4);
+  NodePlan plan;
+  plan.node = (r == 0 || r == 3) ? 0 : 1;
+  plan.slot = (r == 0 || r == 1) ? 1 : 0;
+  plan.ranksPerNode = 2;
+  plan.inter.maxCtas = 4;
+  plan.intra.splitShare = 1;
+  NodeGroups g(world, plan);
+  EXPECT_EQ(g.intra().rank(), plan.slot);
+  EXPECT_EQ(g.inter().rank(), plan.node);
+  EXPECT_EQ(g.inter().options().tuning.maxCtas, 4);
+  EXPECT_EQ(g.intra().options().tuning.splitShare, 1);
+  EXPECT_EQ(g.intraGather().options().tuning.splitShare, 1);
+  EXPECT_EQ(g.inter().name(), "world.inter");
+  // The inter-node peer is the other node's rank of the same slot: ranks 0 and 1 hold slot 1,
+  // ranks 3 and 2 slot 0.
+  Tensor mine = Tensor::empty({1}, DType::kI32), both = Tensor::empty({2}, DType::kI32);
+  mine.data<int32_t>()[0] = r;
+  g.inter().allGather(mine, both)->wait(g.inter().timeout());
+  const int peer = both.data<int32_t>()[1 - plan.node];
+  EXPECT_EQ(peer, r == 0 ? 1 : r == 1 ? 0 : r == 2 ? 3 : 2);
+  Tensor a = test::randomTensor({1001}, 40 + static_cast<uint64_t>(r)), b = a.clone();
+  world.allReduceSync(a, ReduceOp::kAvg);
+  g.allReduce(b, ReduceOp::kAvg);
+  EXPECT_LT(test::relErr(b, a), 1e-6);
+  // Two ranks of a node claiming one slot: every rank refuses (no hang in a later phase).
+  NodePlan bad = plan;
+  bad.slot = 0;
+  EXPECT_THROW(NodeGroups(world, bad), ConfigError);
+  NodePlan unusable = plan;
+  unusable.unusable = "nodes have different numbers of ranks";
+  EXPECT_THROW(NodeGroups(world, unusable), ConfigError);
+}
+
 }  // namespace
 }  // namespace mt

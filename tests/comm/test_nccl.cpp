@@ -78,6 +78,39 @@ TEST(Nccl, OneRankCollectivesAreExactAtOddCounts) {
               static_cast<long long>(n), static_cast<long long>(wrong), wrong ? " (NVIDIA/nccl#1950)" : "");
 }
 
+// ncclConfig_t from CommOptions::tuning, at creation and per split (the node and rail
+// communicators get their own), and an invalid one refused by NCCL as an error, not a hang.
+TEST(Nccl, TunedCommunicatorsAndSplits) {
+  CommOptions o;
+  o.name = "tuned";
+  o.tuning.cgaClusterSize = 2;
+  o.tuning.maxCtas = 2;
+  o.tuning.splitShare = 1;
+  NcclCommunicator c(MPI_COMM_WORLD, o);
+  Tensor h = test::randomTensor({300001}, 5);
+  Tensor d = h.to(kGpu);
+  c.allReduce(d, ReduceOp::kSum)->wait(c.timeout());
+  EXPECT_EQ(test::relErr(d, h), 0.0);
+  CommOptions child = o;
+  child.name = "tuned.rail";
+  child.tuning = CommTuning();
+  child.tuning.minCtas = 1;  // min without max: NCCL 2.28 would refuse it as min > max(unset)
+  auto rail = c.split(0, 0, child);
+  ASSERT_TRUE(rail);
+  EXPECT_EQ(rail->name(), "tuned.rail");
+  EXPECT_EQ(rail->options().tuning.minCtas, 1);
+  Tensor out = Tensor::zeros({300001}, DType::kF32, kGpu);
+  rail->allGather(d, out)->wait(rail->timeout());
+  EXPECT_EQ(test::relErr(out, h), 0.0);
+  auto inherited = c.split(0, 0, "tuned.inherit");  // the parent's tuning, as NCCL's own split does
+  EXPECT_EQ(inherited->options().tuning.maxCtas, 2);
+  CommOptions bad;
+  bad.name = "bad";
+  bad.tuning.minCtas = 8;
+  bad.tuning.maxCtas = 2;
+  EXPECT_THROW(NcclCommunicator(MPI_COMM_WORLD, bad), Error);
+}
+
 TEST(Nccl, DataParallelBucketsThroughNccl) {
   CommOptions o;
   NcclCommunicator c(MPI_COMM_WORLD, o);

@@ -75,6 +75,35 @@ class GpuTraining(unittest.TestCase):
         self.matches_cpu("nccl1_offload", 1, ["--dist.backend=nccl", "--sharding.strategy=shard_grad_op",
                                               "--sharding.offload=cpu"])
 
+    def test_one_rank_nccl_hierarchical_rails(self):
+        # The hierarchical all-reduce's chained phases over NCCL (one-rank node and rail
+        # communicators on this one GPU, so the chain runs on the comm streams' events), with the
+        # rank exchange against the H200's own topology dump, topo.bind_nic, and a profile's
+        # per-communicator ncclConfig_t, which NCCL's own log must show it received.
+        samples = os.path.join(os.environ.get("SOURCE_DIR", "."), "tests", "topo", "samples")
+        profile = os.path.join(self.tmp.name, "tuned.env")
+        with open(profile, "w") as f:
+            f.write("comm.all.cga_cluster_size = 2\ncomm.inter.max_ctas = 2\ncomm.inter.min_ctas = 1\n")
+        self.matches_cpu("nccl1_hier", 1, ["--dist.backend=nccl", "--topo.hierarchical=true", "--topo.node_ranks=1",
+                                           f"--topo.file={samples}/h200-vm-1gpu-dump.xml", "--topo.bind_nic=true",
+                                           f"--topo.profile={profile}", "--topo.report=true",
+                                           "--dist.bucket_cap_mb=0.05", "--dist.first_bucket_mb=0.01"])
+        with open(os.path.join(self.tmp.name, "nccl1_hier", "nccl_report.json")) as f:
+            rep = json.load(f)
+        comms = {c["name"]: c for c in rep["communicators"]}
+        self.assertEqual(comms["world.inter"]["nccl_config"], "cga_cluster_size=2 min_ctas=1 max_ctas=2")
+        self.assertEqual(comms["world.intra-gather"]["nccl_config"], "cga_cluster_size=2")
+        self.assertEqual(rep["layout"]["ranks"][0]["gpu_emulated"], False)
+        logs = ""
+        for name in os.listdir(os.path.join(self.tmp.name, "nccl1_hier")):
+            if name.startswith("nccl-debug."):
+                with open(os.path.join(self.tmp.name, "nccl1_hier", name)) as f:
+                    logs += f.read()
+        print("NCCL config lines:", [l.split("NCCL INFO ")[-1] for l in logs.splitlines() if "Comm config" in l][:12])
+        self.assertIn("Comm config Max CTAs set to 2", logs)
+        self.assertIn("Comm config CGA cluster size set to 2", logs)
+        self.assertIn("Comm config Comm name set to world.inter", logs)
+
     def test_two_rank_mpi_backend_on_one_gpu_matches_cpu(self):
         self.matches_cpu("mpi2", 2, ["--dist.backend=mpi"])
 

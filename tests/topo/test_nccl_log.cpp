@@ -34,11 +34,16 @@ const char* kLog =
     "nodeA:4242:4250 [0] NCCL INFO comm 0x55d0c1a0 rank 0 nranks 4 cudaDev 0 nvmlDev 0 busId 18000 commId "
     "0x9f3c2d1e5a7b6c4d - Init COMPLETE\n"
     "this line is not NCCL's\n"
+    "nodeA:4242:4242 [0] NCCL INFO Comm config Blocking set to 0\n"
+    "nodeA:4242:4242 [0] NCCL INFO Comm config Max CTAs set to 2\n"
+    "nodeA:4242:4242 [0] NCCL INFO Comm config Comm name set to world.inter\n"
     "nodeA:4242:4250 [0] NCCL INFO ncclCommSplit comm 0x55d0c9f0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId "
     "18000 "
     "parent 0x55d0c1a0 splitCount 1 color 0 key 0- Init START\n"
     "nodeA:4242:4250 [0] NCCL INFO Channel 00/01 :    0   1\n"
     "nodeA:4242:4250 [0] NCCL INFO Trees [0] 1/-1/-1->0->-1\n"
+    "nodeA:4242:4250 [0] NCCL INFO 2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, 2 p2p "
+    "channels per peer\n"
     "nodeA:4242:4250 [0] NCCL INFO ncclCommSplit comm 0x55d0c9f0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId "
     "18000 "
     "parent 0x55d0c1a0 splitCount 1 color 0 key 0 - Init COMPLETE\n";
@@ -74,13 +79,22 @@ TEST(NcclLog, ReadsVersionNetworkNicsAndPerCommunicatorGraphs) {
   ASSERT_EQ(sub.rings.size(), 1u);
   EXPECT_EQ(sub.rings[0], "00/01 : 0 1");
   EXPECT_EQ(sub.trees.size(), 1u);
-  EXPECT_EQ(s.infoLines, 22);
+  // The config the creating thread logged before the split's START is the split's: its name (the
+  // communicator meshtrain calls world.inter), the maxCTAs it asked for, and the channels NCCL took.
+  EXPECT_EQ(sub.name, "world.inter");
+  EXPECT_EQ(sub.config, std::vector<std::string>{"Max CTAs=2"});
+  EXPECT_EQ(sub.collChannels, 2);
+  EXPECT_TRUE(w.name.empty());
+  EXPECT_EQ(w.collChannels, -1);
+  EXPECT_EQ(s.infoLines, 26);
   ASSERT_EQ(s.system.size(), 3u);
   EXPECT_EQ(s.system[0], "=== System : maxBw 24.0 totalBw 24.0 ===");
   EXPECT_EQ(s.system[2], "+ PCI[24.0] - GPU/0-18000 (0)");
   const auto j = toJson(s);
   EXPECT_EQ(j["comms"].size(), 2u);
   EXPECT_EQ(j["comms"][0]["rings"][0], "00/02 : 0 1 2 3");
+  EXPECT_EQ(j["comms"][1]["name"], "world.inter");
+  EXPECT_EQ(j["comms"][1]["coll_channels"], 2);
 }
 
 TEST(NcclLog, EmptyAndForeignTextGiveNothing) {

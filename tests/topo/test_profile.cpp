@@ -57,5 +57,54 @@ TEST(Profile, ShippedProfilesLoadAndApplyWithoutOverridingTheUser) {
   EXPECT_THROW(Profile::load("no-such-profile", dir), ConfigError);
 }
 
+// comm.<scope>.<field>: ncclConfig_t per communicator, checked against NcclParams.cpp's table.
+TEST(Profile, PerCommunicatorNcclConfig) {
+  Profile p = Profile::parse("comm.all.cga_cluster_size = 2\ncomm.inter.max_ctas = 4\ncomm.inter.min_ctas = 2\n"
+                             "comm.world.net_name = IB\ncomm.intra.split_share = 1\ncomm.all.max_ctas = 16\n"
+                             "comm.inter.traffic_class = 106\n",
+                             "c.env");
+  const CommTuning inter = p.tuning("inter"), world = p.tuning("world"), intra = p.tuning("intra");
+  EXPECT_EQ(inter.maxCtas, 4);  // the scope's value beats all's
+  EXPECT_EQ(inter.minCtas, 2);
+  EXPECT_EQ(inter.cgaClusterSize, 2);
+  EXPECT_EQ(inter.trafficClass, 106);
+  EXPECT_EQ(world.maxCtas, 16);
+  EXPECT_EQ(world.netName, "IB");
+  EXPECT_EQ(world.splitShare, -1);
+  EXPECT_EQ(intra.splitShare, 1);
+  EXPECT_EQ(inter.describe(), "cga_cluster_size=2 min_ctas=2 max_ctas=4 traffic_class=106");
+  EXPECT_EQ(CommTuning().describe(), "default");
+
+  expectProfileError("comm.rail.max_ctas=4\n", "p.env:1: comm.rail.max_ctas: unknown communicator scope 'rail'");
+  expectProfileError("comm.inter.maxctas=4\n", "p.env:1: comm.inter.maxctas: unknown ncclConfig_t field 'maxctas'");
+  expectProfileError("comm.inter.max_ctas=65\n", "p.env:1: comm.inter.max_ctas='65': must be an integer in [1, 64]");
+  expectProfileError("comm.all.split_share=2\n", "comm.all.split_share='2': must be 0 or 1");
+  expectProfileError("comm.all.cga_cluster_size=9\n", "must be an integer in [0, 8]");
+  expectProfileError("comm.inter.max_ctas=4\ncomm.inter.max_ctas=8\n", "p.env:2: comm.inter.max_ctas set twice");
+  // NCCL refuses minCTAs > maxCTAs when it creates the communicator; here it names the file.
+  expectProfileError("comm.all.min_ctas=8\ncomm.inter.max_ctas=4\n",
+                     "p.env: communicators of scope inter get min_ctas 8 > max_ctas 4");
+}
+
+// NCCL lets NCCL_MAX_CTAS (and the others of the table) override the field in every communicator:
+// a profile that sets both would have its per-communicator value silently ignored.
+TEST(Profile, ConfigFieldAndItsOverridingVariableAreRefused) {
+  Profile p = Profile::parse("NCCL_MAX_CTAS=8\ncomm.inter.max_ctas=4\n", "both.env");
+  try {
+    p.checkTuningAgainst({"NCCL_MAX_CTAS=8 (profile both)"});
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("both.env:2: comm.inter.max_ctas sets ncclConfig_t maxCTAs, but "
+                                         "NCCL_MAX_CTAS=8 (profile both) is in effect"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(Profile::parse("comm.world.net_name=IB\n", "n.env").checkTuningAgainst({"NCCL_NET=Socket (environment)"}),
+               ConfigError);
+  // traffic_class has no overriding variable; unrelated variables do not matter.
+  EXPECT_NO_THROW(Profile::parse("comm.all.traffic_class=3\n", "t.env").checkTuningAgainst({"NCCL_IB_TC=5 (environment)"}));
+  EXPECT_NO_THROW(p.checkTuningAgainst({"NCCL_MIN_CTAS=2 (environment)"}));
+}
+
 }  // namespace
 }  // namespace mt

@@ -203,5 +203,61 @@ class TopoCli(unittest.TestCase):
             self.assertIn("environment variable NCCL_IB_TIMEOUT=soon", bad.stderr + bad.stdout)
 
 
+    def test_rank_exchange_nic_binding_and_communicator_config(self):
+        # 4 CPU ranks as 2 nodes x 2 of the OCI file (each standing in for the file's GPU of its place
+        # in the node): the ranks exchange (host, GPU, rail) at start; nccl_report.json has that
+        # layout, with the rail groups the inter-node communicator uses; topo.bind_nic exports each
+        # rank's rail NICs; a profile's comm.<scope>.<field> lines reach each communicator's config.
+        with tempfile.TemporaryDirectory() as d:
+            profile = os.path.join(d, "rails.env")
+            with open(profile, "w") as f:
+                f.write("fabric = roce\ncomm.all.cga_cluster_size = 2\ncomm.inter.max_ctas = 4\n")
+            base = ["--model.type=mlp", "--train.batch_size=64", "--train.max_steps=3", f"--data.path={FASHION}",
+                    f"--run.dir={d}", f"--topo.file={os.path.join(SAMPLES, 'oci-hpc-H100-topology.xml')}",
+                    "--topo.node_ranks=2", "--dist.backend=mpi"]
+            env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+            p = run(base + ["--run.name=rails", "--topo.report=true", "--topo.bind_nic=true",
+                            "--topo.hierarchical=true", f"--topo.profile={profile}"], np=4, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+            with open(os.path.join(d, "rails", "nccl_report.json")) as f:
+                rep = json.load(f)
+            layout = rep["layout"]
+            self.assertEqual((layout["nodes"], layout["ranks_per_node"], layout["uniform"], layout["rail_aligned"]),
+                             (2, 2, True, True))
+            self.assertEqual(layout["intra_node_groups"], [[0, 1], [2, 3]])
+            self.assertEqual(layout["rail_groups"], [[0, 2], [1, 3]])
+            r3 = layout["ranks"][3]
+            self.assertEqual((r3["node"], r3["slot"], r3["gpu_busid"], r3["gpu_emulated"]),
+                             (1, 1, "0000:2d:00.0", True))
+            self.assertEqual(r3["rail"], [{"nic": 1, "devices": "mlx5_3,mlx5_4"}])
+            self.assertEqual(r3["nic_binding"], "NCCL_IB_HCA==mlx5_3:1,mlx5_4:2")
+            comms = {c["name"]: c for c in rep["communicators"]}
+            # The inter-node communicator is the rail's: the same slot (GPU, NIC) on both nodes.
+            self.assertEqual(comms["world.inter"]["groups"], layout["rail_groups"])
+            self.assertEqual(comms["world.inter"]["nccl_config"], "cga_cluster_size=2 max_ctas=4")
+            self.assertEqual(comms["world.intra"]["nccl_config"], "cga_cluster_size=2")
+            self.assertEqual(comms["world.intra-gather"]["groups"], layout["intra_node_groups"])
+            self.assertEqual(comms["world"]["nccl_config"], "cga_cluster_size=2")
+            env_by_name = {e["name"]: e for e in rep["env"]}
+            self.assertEqual(env_by_name["NCCL_IB_HCA"]["value"], "=mlx5_0:1,mlx5_1:2")
+            self.assertEqual(env_by_name["NCCL_IB_HCA"]["origin"], "topo.bind_nic: rank 0's rail nic0")
+            # A variable set outside, which the binding would silently replace, is refused on every rank.
+            bad = run(base + ["--run.name=clash", "--topo.bind_nic=true"], np=2,
+                      env=dict(env, NCCL_IB_HCA="mlx5"))
+            self.assertEqual(bad.returncode, 2, bad.stderr[-2000:])
+            self.assertIn("topo.bind_nic = true sets NCCL_IB_HCA", bad.stderr + bad.stdout)
+            # Without a topology file there are no rails to bind to.
+            nofile = run(["--model.type=mlp", "--train.max_steps=1", f"--data.path={FASHION}", f"--run.dir={d}",
+                          "--run.name=nofile", "--topo.bind_nic=true"], np=2, env=env)
+            self.assertEqual(nofile.returncode, 2, nofile.stderr[-2000:])
+            self.assertIn("topo.bind_nic = true needs topo.file", nofile.stderr + nofile.stdout)
+            # NCCL lets NCCL_MAX_CTAS override every communicator's maxCTAs: both set is refused.
+            with open(profile, "a") as f:
+                f.write("NCCL_MAX_CTAS=8\n")
+            both = run(base + ["--run.name=both", f"--topo.profile={profile}"], np=2, env=env)
+            self.assertEqual(both.returncode, 2, both.stderr[-2000:])
+            self.assertIn("comm.inter.max_ctas sets ncclConfig_t maxCTAs, but NCCL_MAX_CTAS=8", both.stderr + both.stdout)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
