@@ -5,11 +5,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/Error.h"
+#include "core/Files.h"
 #include "core/Log.h"
 #include "topo/NcclLog.h"
 
@@ -160,10 +160,9 @@ void writeNcclReport(const std::string& runDir, Communicator& world, int worldRa
     notes.push_back("NCCL_DEBUG_FILE is unset: NCCL's log went to the ranks' standard output");
   } else {
     for (const auto& path : debugFiles(file)) {
-      std::ifstream in(path);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      nlohmann::json one = toJson(parseNcclDebugLog(ss.str()));
+      std::string text;
+      if (!readWholeFile(path, &text)) continue;  // removed since it was listed
+      nlohmann::json one = toJson(parseNcclDebugLog(text));
       one["file"] = path;
       logs.push_back(one);
     }

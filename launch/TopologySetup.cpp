@@ -42,9 +42,7 @@ TopologySetup applyTopology(const Settings& s, int rank) {
         {"NCCL_DEBUG_SUBSYS", "INIT,GRAPH,ENV,NET"},
         {"NCCL_DEBUG_FILE", s.runDir + "/" + kNcclDebugFilePrefix + "%h.%p.log"}};
     for (const auto& [key, value] : debug) {
-      bool listed = false;
-      for (const auto& l : t.ncclEnv) listed = listed || l.rfind(std::string(key) + "=", 0) == 0;
-      if (listed || std::getenv(key)) continue;
+      if (findNcclEnv(t.ncclEnv, key) || std::getenv(key)) continue;
       setenv(key, value.c_str(), 0);
       t.ncclEnv.push_back(std::string(key) + "=" + value + " (topo.report)");
     }
@@ -96,8 +94,8 @@ std::vector<std::string> splitTabs(const std::string& s) {
 
 }  // namespace
 
-void exchangeRankLayout(MPI_Comm comm, int rank, const std::string& host, int localRank, int emulatedNodeRanks,
-                        int device, bool nccl, TopologySetup& setup) {
+void exchangeRankLayout(MPI_Comm comm, int rank, const std::string& host, int node, int localRank,
+                        int emulatedNodeRanks, int device, bool nccl, TopologySetup& setup) {
   const Topology* t = setup.topology.get();
   std::string busid = cudaBusId(device);
   bool fromFile = false;
@@ -106,8 +104,9 @@ void exchangeRankLayout(MPI_Comm comm, int rank, const std::string& host, int lo
     busid = t->gpus()[static_cast<size_t>(localRank) % t->gpus().size()].busid;
     fromFile = true;
   }
-  // Emulated nodes get a host name of their own, so that grouping by host finds them too.
-  const std::string myHost = emulatedNodeRanks > 0 ? host + "#" + std::to_string(rank / emulatedNodeRanks) : host;
+  // The node MPI sees (shared memory, or emulated) joins the name: containers on different
+  // machines may share a hostname, and emulated nodes share the machine's.
+  const std::string myHost = host + "#" + std::to_string(emulatedNodeRanks > 0 ? rank / emulatedNodeRanks : node);
   const RankIdentity me = identify(t, myHost, busid, fromFile);
   const bool inFile = !t || busid.empty() || t->gpuByBusId(busid) != nullptr;
   const auto all = allGatherStrings(comm, me.host + "\t" + me.busid + "\t" + std::to_string(me.rail) + "\t" +
@@ -161,11 +160,9 @@ void bindRailNic(TopologySetup& setup, int rank) {
     return;
   }
   const NcclEnvEntry e = parseNcclEnvEntry(me.nicBinding);
-  for (const auto& l : setup.ncclEnv) {
-    if (l.rfind(e.name + "=", 0) != 0) continue;
-    throw ConfigError("topo.bind_nic = true sets " + e.name + " to each rank's rail NIC(s), but " + l +
+  if (const std::string* l = findNcclEnv(setup.ncclEnv, e.name))
+    throw ConfigError("topo.bind_nic = true sets " + e.name + " to each rank's rail NIC(s), but " + *l +
                       " is already in effect: remove one of the two");
-  }
   setenv(e.name.c_str(), e.value.c_str(), 1);
   std::string nics;
   for (int n : me.nics) nics += (nics.empty() ? "nic" : ",nic") + std::to_string(n);

@@ -32,13 +32,14 @@ struct TopologySetup {
 // environment (a bad value: ConfigError); rank 0 logs them.
 TopologySetup applyTopology(const Settings& s, int rank);
 // Every rank's (host, GPU bus id, rail), exchanged over `comm` (collective), into setup.layout:
-// nodes by host, or blocks of `emulatedNodeRanks` (topo.node_ranks / MT_NODE_SPLIT) when > 0;
+// nodes by host ("name#node", node: MPI's shared-memory node index), or blocks of
+// `emulatedNodeRanks` (topo.node_ranks / MT_NODE_SPLIT) when > 0;
 // slots by rail. `device`: this rank's CUDA device, -1 for a CPU rank (which, with topo.file, stands
 // in for the file's GPU of its place in the node, so CPU runs emulate the file's layout). Refuses
 // on every rank (ConfigError) a topo.file that lists some rank's GPU nowhere, and NCCL ranks that
 // share a GPU.
-void exchangeRankLayout(MPI_Comm comm, int rank, const std::string& host, int localRank, int emulatedNodeRanks,
-                        int device, bool nccl, TopologySetup& setup);
+void exchangeRankLayout(MPI_Comm comm, int rank, const std::string& host, int node, int localRank,
+                        int emulatedNodeRanks, int device, bool nccl, TopologySetup& setup);
 // topo.bind_nic: restricts NCCL to this rank's rail NIC(s) (NCCL_IB_HCA, or NCCL_SOCKET_IFNAME for
 // a socket fabric), exported before the first NCCL call and listed in setup.ncclEnv. ConfigError
 // when that variable is already set (profile or environment) or there is no topo.file; a warning

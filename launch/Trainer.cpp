@@ -117,8 +117,9 @@ void Trainer::setupComm() {
   // Every rank's (host, GPU, rail) before any communicator: the node groups, the CPU binding and
   // the NIC binding come from it, and NCCL reads NCCL_IB_HCA at its first call.
   const int emulated = s_.nodeRanks > 0 ? s_.nodeRanks : mpi_.emulatedNodeSize();
-  exchangeRankLayout(MPI_COMM_WORLD, mpi_.rank(), mpi_.hostname(), emulated > 0 ? mpi_.rank() % emulated : mpi_.localRank(),
-                     emulated, device_.isCuda() ? device_.index : -1, backend == "nccl", topo_);
+  exchangeRankLayout(MPI_COMM_WORLD, mpi_.rank(), mpi_.hostname(), mpi_.nodeIndex(),
+                     emulated > 0 ? mpi_.rank() % emulated : mpi_.localRank(), emulated,
+                     device_.isCuda() ? device_.index : -1, backend == "nccl", topo_);
   if (device_.isCuda() && topo_.topology && s_.bindCpus)
     bindToGpuCpus(*topo_.topology, topo_.layout.placements.at(static_cast<size_t>(mpi_.rank())));
   if (s_.bindNic) bindRailNic(topo_, mpi_.rank());

@@ -11,7 +11,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -20,6 +19,7 @@
 
 #include "comm/MpiEnvironment.h"
 #include "core/EnvParams.h"
+#include "core/Files.h"
 #include "core/Log.h"
 #include "launch/Plan.h"
 #include "launch/Checkpoint.h"
@@ -122,11 +122,9 @@ int topoCommand(const std::vector<std::string>& args) {
                             "--nccl-log FILE; --help)");
   }
   if (!ncclLog.empty()) {  // what NCCL chose, read from its NCCL_DEBUG=INFO output
-    std::ifstream in(ncclLog);
-    if (!in) throw mt::ConfigError("topo: --nccl-log " + ncclLog + ": cannot read it");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::cout << mt::toJson(mt::parseNcclDebugLog(ss.str())).dump(2) << "\n";
+    std::string text;
+    if (!mt::readWholeFile(ncclLog, &text)) throw mt::ConfigError("topo: --nccl-log " + ncclLog + ": cannot read it");
+    std::cout << mt::toJson(mt::parseNcclDebugLog(text)).dump(2) << "\n";
     return 0;
   }
   if (file.empty()) throw mt::ConfigError("topo: --file X.xml is required");

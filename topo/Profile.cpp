@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
 #include "core/Error.h"
+#include "core/Files.h"
 #include "core/Log.h"
 #include "topo/Topology.h"
 
@@ -105,13 +105,10 @@ void Profile::checkTuningAgainst(const std::vector<std::string>& ncclEnv) const 
   for (const auto& e : comm) {
     const std::string field = e.key.substr(e.key.rfind('.') + 1);
     const std::string var = ncclConfigOverride(field);
-    if (var.empty()) continue;
-    for (const auto& l : ncclEnv) {
-      if (l.rfind(var + "=", 0) != 0) continue;
+    if (const std::string* l = var.empty() ? nullptr : findNcclEnv(ncclEnv, var))
       throw ConfigError("profile " + path + ":" + std::to_string(e.line) + ": " + e.key + " sets ncclConfig_t " +
-                        ncclConfigMember(field) + ", but " + l + " is in effect and NCCL lets " + var +
+                        ncclConfigMember(field) + ", but " + *l + " is in effect and NCCL lets " + var +
                         " override it in every communicator: remove one of the two");
-    }
   }
 }
 
@@ -120,15 +117,13 @@ Profile Profile::load(const std::string& nameOrPath, const std::string& dir) {
   const bool isPath = nameOrPath.find('/') != std::string::npos ||
                       (nameOrPath.size() > 4 && nameOrPath.substr(nameOrPath.size() - 4) == ".env");
   if (!isPath) path = dir + "/" + nameOrPath + ".env";
-  std::ifstream in(path);
-  if (!in) {
+  std::string text;
+  if (!readWholeFile(path, &text)) {
     std::string known;
     for (const auto& n : listProfiles(dir)) known += (known.empty() ? "" : ", ") + n;
     throw ConfigError("profile " + path + ": cannot be read" + (isPath ? "" : " (profiles in " + dir + ": " + known + ")"));
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  Profile p = parse(ss.str(), path);
+  Profile p = parse(text, path);
   p.name = isPath ? path : nameOrPath;
   return p;
 }
@@ -148,6 +143,12 @@ std::vector<std::string> Profile::apply() const {
   return effective;
 }
 
+const std::string* findNcclEnv(const std::vector<std::string>& env, const std::string& name) {
+  for (const auto& l : env)
+    if (l.size() > name.size() && l.compare(0, name.size(), name) == 0 && l[name.size()] == '=') return &l;
+  return nullptr;
+}
+
 std::vector<std::string> environmentNcclVars(const std::vector<std::string>& listed,
                                              std::vector<std::string>* warnings) {
   static const char* const kInstallPaths[] = {"NCCL_HOME", "NCCL_ROOT", "NCCL_DIR", "NCCL_PATH", "NCCL_LIB_DIR",
@@ -158,9 +159,7 @@ std::vector<std::string> environmentNcclVars(const std::vector<std::string>& lis
     const size_t eq = kv.find('=');
     if (kv.rfind("NCCL_", 0) != 0 || eq == std::string::npos) continue;
     const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
-    bool named = false;
-    for (const auto& l : listed) named = named || l.rfind(key + "=", 0) == 0;
-    if (named) continue;
+    if (findNcclEnv(listed, key)) continue;
     out.push_back(key + "=" + value + " (environment)");
     bool install = false;
     for (const char* p : kInstallPaths) install = install || key == p;

@@ -74,6 +74,8 @@ std::vector<std::string> knownNcclParams();
 // install paths (NCCL_HOME, NCCL_ROOT, ...) that module systems export are listed, not checked.
 std::vector<std::string> environmentNcclVars(const std::vector<std::string>& listed,
                                              std::vector<std::string>* warnings);
+// The line of `env` ("NAME=value (origin)" lines) that sets `name`; null if none.
+const std::string* findNcclEnv(const std::vector<std::string>& env, const std::string& name);
 // Profiles shipped in topo/profiles (names without .env).
 std::vector<std::string> listProfiles(const std::string& dir);
 

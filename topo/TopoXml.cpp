@@ -2,12 +2,11 @@
 
 #include <pugixml.hpp>
 
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "core/Error.h"
+#include "core/Files.h"
 
 namespace mt {
 
@@ -120,11 +119,9 @@ XmlDocument parseTopologyXmlString(const std::string& text, const std::string& n
 }
 
 XmlDocument parseTopologyXml(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("topology file " + path + ": cannot be read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseTopologyXmlString(ss.str(), path);
+  std::string text;
+  if (!readWholeFile(path, &text)) throw ConfigError("topology file " + path + ": cannot be read");
+  return parseTopologyXmlString(text, path);
 }
 
 }  // namespace mt
