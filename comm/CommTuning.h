@@ -18,10 +18,6 @@ struct CommTuning {
   int splitShare = -1;      // 0/1: communicators split from this one share its resources
   int trafficClass = -1;    // 0..255, the network traffic class (QoS) of this communicator
 
-  bool empty() const {
-    return cgaClusterSize < 0 && minCtas < 0 && maxCtas < 0 && netName.empty() && splitShare < 0 &&
-           trafficClass < 0;
-  }
   // Fields of `over` that are set replace those of this one.
   CommTuning overriddenBy(const CommTuning& over) const {
     CommTuning t = *this;

@@ -99,12 +99,15 @@ std::vector<std::string> allGatherStrings(MPI_Comm comm, const std::string& mine
   std::vector<int> lens(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
   MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
   int total = 0;
-  for (int r = 0; r < size; ++r) offsets[static_cast<size_t>(r)] = total, total += lens[static_cast<size_t>(r)];
+  for (int r = 0; r < size; ++r)
+    offsets[static_cast<size_t>(r)] = total, total += lens[static_cast<size_t>(r)];
   std::string all(static_cast<size_t>(total), '\0');
-  MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, comm));
+  MPI_CHECK(
+      MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, comm));
   std::vector<std::string> out;
   for (int r = 0; r < size; ++r)
-    out.push_back(all.substr(static_cast<size_t>(offsets[static_cast<size_t>(r)]), static_cast<size_t>(lens[static_cast<size_t>(r)])));
+    out.push_back(all.substr(static_cast<size_t>(offsets[static_cast<size_t>(r)]),
+                             static_cast<size_t>(lens[static_cast<size_t>(r)])));
   return out;
 }
 

@@ -140,6 +140,18 @@ const std::vector<ConfigSpec>& configTable() {
   return t;
 }
 
+// The entry of table `t` whose `key` member is `name`; null if none.
+template <typename Spec>
+const Spec* findSpec(const std::vector<Spec>& t, const std::string& name, const char* Spec::*key) {
+  for (const auto& s : t)
+    if (name == s.*key) return &s;
+  return nullptr;
+}
+
+std::string rangeError(long lo, long hi) {
+  return "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+}
+
 std::string upper(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
   return s;
@@ -181,9 +193,7 @@ std::vector<std::string> knownNcclConfigFields() {
 
 NcclParamCheck setNcclConfigField(const std::string& field, const std::string& value, CommTuning* tuning) {
   NcclParamCheck r;
-  const ConfigSpec* spec = nullptr;
-  for (const auto& c : configTable())
-    if (field == c.field) spec = &c;
+  const ConfigSpec* spec = findSpec(configTable(), field, &ConfigSpec::field);
   if (!spec) return r;
   r.known = true;
   if (!spec->intField) {
@@ -193,9 +203,7 @@ NcclParamCheck setNcclConfigField(const std::string& field, const std::string& v
   }
   long v = 0;
   if (!parseLong(value, &v) || v < spec->lo || v > spec->hi) {
-    r.error = spec->kind == Kind::kBool ? "must be 0 or 1"
-                                        : "must be an integer in [" + std::to_string(spec->lo) + ", " +
-                                              std::to_string(spec->hi) + "]";
+    r.error = spec->kind == Kind::kBool ? "must be 0 or 1" : rangeError(spec->lo, spec->hi);
     return r;
   }
   tuning->*(spec->intField) = static_cast<int>(v);
@@ -203,22 +211,18 @@ NcclParamCheck setNcclConfigField(const std::string& field, const std::string& v
 }
 
 std::string ncclConfigOverride(const std::string& field) {
-  for (const auto& c : configTable())
-    if (field == c.field && c.overriddenBy) return c.overriddenBy;
-  return "";
+  const ConfigSpec* spec = findSpec(configTable(), field, &ConfigSpec::field);
+  return spec && spec->overriddenBy ? spec->overriddenBy : "";
 }
 
 std::string ncclConfigMember(const std::string& field) {
-  for (const auto& c : configTable())
-    if (field == c.field) return c.member;
-  return "";
+  const ConfigSpec* spec = findSpec(configTable(), field, &ConfigSpec::field);
+  return spec ? spec->member : "";
 }
 
 NcclParamCheck checkNcclParam(const std::string& key, const std::string& value) {
   NcclParamCheck r;
-  const ParamSpec* spec = nullptr;
-  for (const auto& p : table())
-    if (key == p.name) spec = &p;
+  const ParamSpec* spec = findSpec(table(), key, &ParamSpec::name);
   if (!spec) return r;
   r.known = true;
   if (spec->replacement) r.replacement = spec->replacement;
@@ -229,7 +233,7 @@ NcclParamCheck checkNcclParam(const std::string& key, const std::string& value) 
       break;
     case Kind::kInt:
       if (!parseLong(value, &v) || v < spec->lo || v > spec->hi)
-        r.error = "must be an integer in [" + std::to_string(spec->lo) + ", " + std::to_string(spec->hi) + "]";
+        r.error = rangeError(spec->lo, spec->hi);
       break;
     case Kind::kEnum:
       if (!inList(value, spec->choices)) r.error = std::string("must be one of ") + spec->choices;

@@ -30,6 +30,11 @@ Profile Profile::parse(const std::string& text, const std::string& path) {
   auto fail = [&](const std::string& why) -> void {
     throw ConfigError("profile " + path + ":" + std::to_string(n) + ": " + why);
   };
+  // NCCL_* and comm.* lines: each key once.
+  auto once = [&](const std::vector<ProfileEntry>& seen, const std::string& key) {
+    for (const auto& e : seen)
+      if (e.key == key) fail(key + " set twice (first on line " + std::to_string(e.line) + ")");
+  };
   while (std::getline(in, line)) {
     ++n;
     std::string s = trim(line);
@@ -57,8 +62,7 @@ Profile Profile::parse(const std::string& text, const std::string& path) {
       if (!c.replacement.empty())
         p.warnings.push_back("profile " + path + ":" + std::to_string(n) + ": " + key + " is deprecated, use " +
                              c.replacement);
-      for (const auto& e : p.nccl)
-        if (e.key == key) fail(key + " set twice (first on line " + std::to_string(e.line) + ")");
+      once(p.nccl, key);
       p.nccl.push_back({key, value, n});
     } else if (key.rfind("comm.", 0) == 0) {
       const size_t dot = key.find('.', 5);
@@ -74,8 +78,7 @@ Profile Profile::parse(const std::string& text, const std::string& path) {
         fail(key + ": unknown ncclConfig_t field '" + field + "' (" + known + ")");
       }
       if (!c.error.empty()) fail(key + "='" + value + "': " + c.error);
-      for (const auto& e : p.comm)
-        if (e.key == key) fail(key + " set twice (first on line " + std::to_string(e.line) + ")");
+      once(p.comm, key);
       p.comm.push_back({key, value, n});
     } else {
       fail("unknown key " + key + " (NCCL_* variables, comm.<scope>.<field>, or fabric, nic_gbps, nic_efficiency)");
