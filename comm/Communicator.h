@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/CommTuning.h"
+#include "comm/FaultInjection.h"
 #include "comm/Work.h"
 #include "core/Device.h"
 #include "core/Tensor.h"
@@ -36,7 +37,8 @@ struct CommOptions {
 
 class Communicator {
  public:
-  explicit Communicator(CommOptions options) : options_(std::move(options)) {}
+  explicit Communicator(CommOptions options)
+      : options_(std::move(options)), faults_(FaultPlan::fromEnvironment()) {}
   virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -54,6 +56,9 @@ class Communicator {
                                           Device device) = 0;
   virtual std::shared_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Device device) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
+  // Point-to-point. On NCCL each is its own kernel on the communicator's stream, so two ranks
+  // exchanging data must order their sends and receives alike (one sends first while the other
+  // receives), or both wait in their sends.
   virtual std::shared_ptr<Work> send(const void* buf, size_t count, DType dtype, int peer, Device device) = 0;
   virtual std::shared_ptr<Work> recv(void* buf, size_t count, DType dtype, int peer, Device device) = 0;
   // Collective over this communicator: ranks passing the same color form a new communicator,
@@ -105,6 +110,8 @@ class Communicator {
   std::shared_ptr<Work> issueWithPendingAfter(const std::shared_ptr<Work>& dep,
                                               const std::function<std::shared_ptr<Work>()>& issue);
   static std::shared_ptr<Work> takePendingAfter();
+  // The fault MT_TEST_FAULT injects into this rank's op `seq` (testing only; see FaultInjection.h).
+  InjectedFault faultFor(int64_t seq) const { return faults_.at(options_.name, rank(), seq); }
   // Backends call this for every op they create, in issue order (W: the backend's Work type).
   template <typename W = Work>
   std::shared_ptr<W> newWork(CollectiveOp op, size_t bytes, DType dtype) {
@@ -118,6 +125,7 @@ class Communicator {
  private:
   static constexpr size_t kHistory = 32;
   CommOptions options_;
+  FaultPlan faults_;
   std::mutex historyMutex_;
   std::deque<std::shared_ptr<Work>> history_;
   int64_t nextSeq_ = 0;

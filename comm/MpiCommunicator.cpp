@@ -14,6 +14,7 @@
 #ifdef MT_WITH_CUDA
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"
+#include "core/cuda/DeviceBinding.h"
 #endif
 
 namespace mt {
@@ -173,6 +174,13 @@ std::shared_ptr<Work> MpiCommunicator::enqueue(CollectiveOp op, size_t bytes, DT
   }
   task->work = newWork(op, bytes, dtype);
   task->after = takePendingAfter();  // a chained op (issueAfter): the progress thread waits for it
+  if (faultFor(task->work->seq()) == InjectedFault::kSkip) {  // testing only (FaultInjection.h)
+    MT_LOG_WARN << "MT_TEST_FAULT: rank " << rank_ << " skips " << collectiveName(op) << " #"
+                << task->work->seq() << " on communicator '" << name() << "'";
+    task->work->markStarted();
+    task->work->markCompleted();
+    return task->work;
+  }
   task->desc = desc;
   task->desc.op = static_cast<int64_t>(op);
   task->p2p = p2p;
@@ -273,7 +281,7 @@ void MpiCommunicator::progressLoop() {
 #ifdef MT_WITH_CUDA
         if (task->deviceReady) {
           if (!staging) {
-            CUDA_CHECK(cudaSetDevice(CudaRuntime::require().device()));
+            bindThreadToDevice(CudaRuntime::require().device());
             staging = std::make_unique<CudaStream>();
             setCurrentStream(staging->get());
           }

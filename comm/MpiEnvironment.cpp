@@ -54,29 +54,33 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
     setupError_ = e.what();
     emulated_ = 0;
   }
+  {
+    MPI_Comm local;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+    MPI_CHECK(MPI_Comm_rank(local, &machineLocalRank_));
+    MPI_CHECK(MPI_Comm_size(local, &machineLocalSize_));
+    // Machine index = rank of this machine's leader (local rank 0) among all leaders.
+    MPI_Comm leaders;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, machineLocalRank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
+    int machineInfo[2] = {0, 1};
+    if (machineLocalRank_ == 0) {
+      MPI_CHECK(MPI_Comm_rank(leaders, &machineInfo[0]));
+      MPI_CHECK(MPI_Comm_size(leaders, &machineInfo[1]));
+      MPI_CHECK(MPI_Comm_free(&leaders));
+    }
+    MPI_CHECK(MPI_Bcast(machineInfo, 2, MPI_INT, 0, local));
+    MPI_CHECK(MPI_Comm_free(&local));
+    machine_ = machineInfo[0];
+    localRank_ = machineLocalRank_;
+    localSize_ = machineLocalSize_;
+    node_ = machine_;
+    numNodes_ = machineInfo[1];
+  }
   if (emulated_ > 0) {
     localSize_ = emulated_;
     localRank_ = rank_ % emulated_;
     node_ = rank_ / emulated_;
     numNodes_ = size_ / emulated_;
-  } else {
-    MPI_Comm local;
-    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-    MPI_CHECK(MPI_Comm_rank(local, &localRank_));
-    MPI_CHECK(MPI_Comm_size(local, &localSize_));
-    // Node index = rank of this node's leader (local rank 0) among all leaders.
-    MPI_Comm leaders;
-    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, localRank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
-    int nodeInfo[2] = {0, 1};
-    if (localRank_ == 0) {
-      MPI_CHECK(MPI_Comm_rank(leaders, &nodeInfo[0]));
-      MPI_CHECK(MPI_Comm_size(leaders, &nodeInfo[1]));
-      MPI_CHECK(MPI_Comm_free(&leaders));
-    }
-    MPI_CHECK(MPI_Bcast(nodeInfo, 2, MPI_INT, 0, local));
-    MPI_CHECK(MPI_Comm_free(&local));
-    node_ = nodeInfo[0];
-    numNodes_ = nodeInfo[1];
   }
   if (!threadMultiple_ && rank_ == 0) {
     MT_LOG_WARN << "MPI library provides thread level " << provided

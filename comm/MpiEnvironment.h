@@ -23,10 +23,16 @@ class MpiEnvironment {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // The node as the job sees it: emulated (MT_NODE_SPLIT) or the machine.
   int localRank() const { return localRank_; }
   int localSize() const { return localSize_; }
   int nodeIndex() const { return node_; }
   int numNodes() const { return numNodes_; }
+  // The machine this process runs on (MPI_COMM_TYPE_SHARED), also when nodes are emulated: what
+  // chooses a rank's GPU, since emulated nodes share the machine's GPUs.
+  int machineLocalRank() const { return machineLocalRank_; }
+  int machineLocalSize() const { return machineLocalSize_; }
+  int machineIndex() const { return machine_; }
   bool threadMultiple() const { return threadMultiple_; }
   std::string hostname() const { return hostname_; }
   // Ranks per emulated node (MT_NODE_SPLIT), 0 when nodes are real.
@@ -38,6 +44,7 @@ class MpiEnvironment {
   bool ownsInit_ = false;
   bool threadMultiple_ = false;
   int rank_ = 0, size_ = 1, localRank_ = 0, localSize_ = 1, node_ = 0, numNodes_ = 1, emulated_ = 0;
+  int machineLocalRank_ = 0, machineLocalSize_ = 1, machine_ = 0;
   std::string hostname_;
   std::string setupError_;
 };

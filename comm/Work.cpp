@@ -106,6 +106,11 @@ void Work::markFailed(std::exception_ptr error) {
   cv_.notify_all();
 }
 
+std::exception_ptr Work::error() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
 CollectiveRecord Work::record() {
   std::lock_guard<std::mutex> lock(mutex_);
   CollectiveRecord r;

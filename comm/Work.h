@@ -48,6 +48,8 @@ class Work {
   void markStarted();
   void markCompleted();
   void markFailed(std::exception_ptr error);
+  // The error it failed with, if it failed (null otherwise).
+  std::exception_ptr error();
   CollectiveRecord record();
   int64_t seq() const { return seq_; }
   CollectiveOp op() const { return op_; }

@@ -19,28 +19,41 @@ const std::vector<EnvParamInfo>& envParamTable() {
        "collective timeout in seconds, 0..604800 (a week); 0 = use the config's dist.timeout_s", 0, 604800},
       {EnvParam::kFingerprint, "MT_DEBUG_FINGERPRINT", "0",
        "1 = check before every collective that all ranks issue the same op, size and dtype", 0, 1},
-      {EnvParam::kHealthPort, "MT_HEALTH_PORT", "0", "TCP port of rank 0's health monitor; 0 = any free port", 0,
-       65535},
+      {EnvParam::kHealthPort, "MT_HEALTH_PORT", "0", "TCP port of rank 0's health monitor; 0 = any free port",
+       0, 65535},
       {EnvParam::kNodeSplit, "MT_NODE_SPLIT", "0",
        "emulate nodes of this many ranks (tests on one machine), dividing the world size; 0 = real nodes", 0,
        1 << 20},
-      {EnvParam::kProfileDir, "MT_PROFILE_DIR", "", "where topo.profile names are looked up; empty = the source tree's topo/profiles"},
+      {EnvParam::kProfileDir, "MT_PROFILE_DIR", "",
+       "where topo.profile names are looked up; empty = the source tree's topo/profiles"},
       {EnvParam::kHeartbeatS, "MT_HEARTBEAT_TIMEOUT_S", "20",
        "seconds without a heartbeat after which the health monitor reports a rank as stopped (SIGSTOP, hung "
-       "node), 0..86400; 0 = no heartbeat check", 0, 86400},
+       "node), 0..86400; 0 = no heartbeat check",
+       0, 86400},
       {EnvParam::kGemmEpilogues, "MT_GEMM_EPILOGUES", "1",
        "on the GPU in bf16/f16: 1 = the GPT MLP's GELU and its derivative run in cuBLASLt GEMM epilogues "
        "(GELU_AUX_BIAS, DGELU), the fc bias gradient in a column-sum kernel; 2 = that bias gradient in the "
        "DGELU GEMM too (DGELU_BGRAD; 8 ms slower per GPT-2 step on the H200's cuBLAS 13); 0 = separate "
-       "kernels for all three (same math)", 0, 2},
+       "kernels for all three (same math)",
+       0, 2},
       {EnvParam::kLnKernel, "MT_LN_KERNEL", "1",
        "LayerNorm on the GPU: 1 = warp-per-row kernels with the row in registers (C a multiple of 8, at most "
-       "1024); 0 = the generic kernels for every shape (same math, for A/B timing)", 0, 1},
+       "1024); 0 = the generic kernels for every shape (same math, for A/B timing)",
+       0, 1},
       {EnvParam::kConvAlgo, "MT_CONV_ALGO", "0",
        "cuDNN convolution algorithms, chosen once per geometry and precision: 0 = cuDNN's heuristic order "
        "(fastest for fashion_cnn on the H200); 1 = measured by cudnnFind among deterministic algorithms "
-       "(bitwise-reproducible GPU runs; 1.3x slower there, as the heuristics' weight-gradient choice uses atomics)",
+       "(bitwise-reproducible GPU runs; 1.3x slower there, as the heuristics' weight-gradient choice uses "
+       "atomics)",
        0, 1},
+      {EnvParam::kNcclShareGpu, "MT_NCCL_SHARE_GPU_FOR_TESTS", "0",
+       "1 = TESTING ONLY: let several NCCL ranks share one GPU (each rank gets its own NCCL_HOSTID and talks "
+       "over sockets, NCCL_IB_DISABLE=1), so multi-rank NCCL paths run on a one-GPU machine; correctness "
+       "only, its timings are not throughput. 0 = such a job is refused (exit 2)",
+       0, 1},
+      {EnvParam::kTestFault, "MT_TEST_FAULT", "",
+       "TESTING ONLY: <skip|resize>:<rank>:<communicator>:<op> makes that rank skip, or issue with half the "
+       "count, that op of that communicator (how the tests show a broken collective contract ends the job)"},
   };
   return kTable;
 }

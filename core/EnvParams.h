@@ -10,17 +10,19 @@
 namespace mt {
 
 enum class EnvParam : int {
-  kLogLevel,        // MT_LOG_LEVEL
-  kNumThreads,      // MT_NUM_THREADS
-  kCommTimeoutS,    // MT_COMM_TIMEOUT_S
-  kFingerprint,     // MT_DEBUG_FINGERPRINT
-  kHealthPort,      // MT_HEALTH_PORT
-  kNodeSplit,       // MT_NODE_SPLIT
-  kProfileDir,      // MT_PROFILE_DIR
-  kHeartbeatS,      // MT_HEARTBEAT_TIMEOUT_S
-  kGemmEpilogues,   // MT_GEMM_EPILOGUES
-  kLnKernel,        // MT_LN_KERNEL
-  kConvAlgo,        // MT_CONV_ALGO
+  kLogLevel,       // MT_LOG_LEVEL
+  kNumThreads,     // MT_NUM_THREADS
+  kCommTimeoutS,   // MT_COMM_TIMEOUT_S
+  kFingerprint,    // MT_DEBUG_FINGERPRINT
+  kHealthPort,     // MT_HEALTH_PORT
+  kNodeSplit,      // MT_NODE_SPLIT
+  kProfileDir,     // MT_PROFILE_DIR
+  kHeartbeatS,     // MT_HEARTBEAT_TIMEOUT_S
+  kGemmEpilogues,  // MT_GEMM_EPILOGUES
+  kLnKernel,       // MT_LN_KERNEL
+  kConvAlgo,       // MT_CONV_ALGO
+  kNcclShareGpu,   // MT_NCCL_SHARE_GPU_FOR_TESTS
+  kTestFault,      // MT_TEST_FAULT
   kCount
 };
 

@@ -1,5 +1,7 @@
 #include "launch/Evaluator.h"
 
+#include <algorithm>
+
 namespace mt {
 
 LossStats sumOverRanks(Communicator& comm, const LossStats& local) {
@@ -29,6 +31,16 @@ Evaluator::Evaluator(const Task& task, const LoaderOptions& loader, Allocator& h
     : device_(device) {
   std::vector<std::vector<int64_t>> schedule = task.evalSchedule(rank, worldSize, localBatch, microBatch);
   batches_ = static_cast<int64_t>(schedule.size());
+  // Every rank runs as many forwards as the rank with the most batches: a sharded forward
+  // all-gathers every unit, so a rank with one batch more than the others would wait for them
+  // forever (test examples r, r+W, ... are not a multiple of W in general: 10,000 over 24 ranks).
+  // The extra batches are one example each, whose figures are dropped.
+  size_t most = schedule.size();
+  for (int r = 0; r < worldSize; ++r)
+    if (r != rank) most = std::max(most, task.evalSchedule(r, worldSize, localBatch, microBatch).size());
+  const std::vector<int64_t> padding{schedule.empty() || schedule[0].empty() ? int64_t{0} : schedule[0][0]};
+  schedule.resize(most, padding);
+  forwards_ = static_cast<int64_t>(most);
   LoaderOptions lo = loader;
   if (device.isCuda() && feed == FeedMode::kDevice) lo.numWorkers = 0;  // the GPU gathers
   loader_ = std::make_unique<Loader>(task.testSource(), std::move(schedule), lo, host);
@@ -45,10 +57,11 @@ EvalResult Evaluator::run(Model& model, Parallelism& parallelism, Communicator& 
   ctx.training = false;
   ctx.device = device_;
   LossStats total;
-  for (int64_t k = 0; k < batches_; ++k) {
+  for (int64_t k = 0; k < forwards_; ++k) {
     const Batch b = feed_ ? feed_->next() : loader_->next();
     LossStats s = model.forward(b, ctx);
     parallelism.afterEvalForward();
+    if (k >= batches_) continue;  // padding: the forward only keeps the collectives in step
     total.lossSum += s.lossSum;
     total.correct += s.correct;
     total.count += s.count;

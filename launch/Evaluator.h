@@ -33,10 +33,12 @@ class Evaluator {
   // One pass over this rank's batches; collective (the sums over ranks).
   EvalResult run(Model& model, Parallelism& parallelism, Communicator& world);
   int64_t batchesPerRank() const { return batches_; }
+  // Forwards per pass: the same on every rank (batchesPerRank() plus padding).
+  int64_t forwardsPerPass() const { return forwards_; }
 
  private:
   Device device_;
-  int64_t batches_ = 0;
+  int64_t batches_ = 0, forwards_ = 0;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<DeviceFeed> feed_;
 };

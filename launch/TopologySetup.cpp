@@ -94,32 +94,38 @@ std::vector<std::string> splitTabs(const std::string& s) {
 
 }  // namespace
 
-void exchangeRankLayout(MPI_Comm comm, int rank, const std::string& host, int node, int localRank,
-                        int emulatedNodeRanks, int device, bool nccl, TopologySetup& setup) {
+void exchangeRankLayout(MPI_Comm comm, const RankSelf& self, TopologySetup& setup) {
   const Topology* t = setup.topology.get();
-  std::string busid = cudaBusId(device);
+  std::string busid = cudaBusId(self.device);
   bool fromFile = false;
   if (busid.empty() && t && !t->gpus().empty()) {
     // A CPU rank plays the file's GPU of its place in the node.
-    busid = t->gpus()[static_cast<size_t>(localRank) % t->gpus().size()].busid;
+    busid = t->gpus()[static_cast<size_t>(self.localRank) % t->gpus().size()].busid;
     fromFile = true;
   }
-  // The node MPI sees (shared memory, or emulated) joins the name: containers on different
-  // machines may share a hostname, and emulated nodes share the machine's.
-  const std::string myHost = host + "#" + std::to_string(emulatedNodeRanks > 0 ? rank / emulatedNodeRanks : node);
-  const RankIdentity me = identify(t, myHost, busid, fromFile);
+  // The machine joins the name: containers on different machines may share a hostname. Emulated
+  // nodes are blocks of ranks on it (their GPUs are still the machine's).
+  const std::string machine = self.hostname + "#" + std::to_string(self.machine);
+  const std::string myHost = self.emulatedNodeRanks > 0
+                                 ? self.hostname + "#" + std::to_string(self.rank / self.emulatedNodeRanks)
+                                 : machine;
+  RankIdentity me = identify(t, myHost, busid, fromFile);
+  me.machine = machine;
   const bool inFile = !t || busid.empty() || t->gpuByBusId(busid) != nullptr;
   const auto all = allGatherStrings(comm, me.host + "\t" + me.busid + "\t" + std::to_string(me.rail) + "\t" +
-                                              (me.gpuFromFile ? "1" : "0") + "\t" + (inFile ? "1" : "0"));
+                                              (me.gpuFromFile ? "1" : "0") + "\t" + (inFile ? "1" : "0") +
+                                              "\t" + me.machine);
   std::vector<RankIdentity> ids;
   for (size_t r = 0; r < all.size(); ++r) {
     const auto f = splitTabs(all[r]);
-    if (f.size() != 5) throw InternalError("rank identity exchange: malformed record from rank " + std::to_string(r));
+    if (f.size() != 6)
+      throw InternalError("rank identity exchange: malformed record from rank " + std::to_string(r));
     RankIdentity id;
     id.host = f[0];
     id.busid = f[1];
     id.rail = std::stoi(f[2]);
     id.gpuFromFile = f[3] == "1";
+    id.machine = f[5];
     // The file describes another machine: bound by index, ranks would take the wrong NUMA node's
     // cores and rail NICs. Every rank has every record, so every rank refuses alike.
     if (f[4] != "1") {
@@ -132,19 +138,68 @@ void exchangeRankLayout(MPI_Comm comm, int rank, const std::string& host, int no
     }
     ids.push_back(id);
   }
-  setup.layout = groupRanks(ids, t, emulatedNodeRanks);
-  if (nccl && !setup.layout.sharedGpus.empty()) {
+  setup.layout = groupRanks(ids, t, self.emulatedNodeRanks);
+  if (self.nccl && !setup.layout.sharedGpus.empty()) {
     const auto& ranks = setup.layout.sharedGpus.front();
-    const RankPlacement& p = setup.layout.placements[static_cast<size_t>(ranks.front())];
+    const RankIdentity& id = ids[static_cast<size_t>(ranks.front())];
     std::string list;
     for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    throw ConfigError("dist.backend = nccl: ranks " + list + " share GPU " + p.busid + " of host " + p.host +
-                      ", and NCCL runs one rank per GPU (use dist.backend = mpi, or as many GPUs as ranks per node)");
+    if (!self.shareGpuForTests)
+      throw ConfigError(
+          "dist.backend = nccl: ranks " + list + " share GPU " + id.busid + " of machine " + id.machine +
+          ", and NCCL runs one rank per GPU (use dist.backend = mpi, or as many GPUs as ranks per "
+          "machine; MT_NODE_SPLIT and topo.node_ranks emulate nodes but share the machine's GPUs)");
+    if (self.rank == 0)
+      MT_LOG_WARN << "MT_NCCL_SHARE_GPU_FOR_TESTS=1: NCCL ranks " << list << " share GPU " << id.busid
+                  << " over sockets (testing only: correct, but its timings are not throughput)";
   }
-  if (rank == 0) {
+  if (self.rank == 0) {
     for (const auto& p : setup.layout.problems) MT_LOG_WARN << "rank layout: " << p;
     MT_LOG_DEBUG << "rank layout:\n" << setup.layout.summary();
   }
+}
+
+void shareGpuForTests(TopologySetup& setup, const RankSelf& self) {
+  const std::pair<const char*, std::string> vars[] = {
+      {"NCCL_HOSTID", self.hostname + "-mt-rank" + std::to_string(self.rank)}, {"NCCL_IB_DISABLE", "1"}};
+  for (const auto& [key, value] : vars) {
+    if (const std::string* l = findNcclEnv(setup.ncclEnv, key))
+      throw ConfigError(std::string("MT_NCCL_SHARE_GPU_FOR_TESTS=1 sets ") + key + " for every rank, but " +
+                        *l + " is already in effect: remove it");
+    setenv(key, value.c_str(), 1);
+    setup.ncclEnv.push_back(std::string(key) + "=" + value + " (MT_NCCL_SHARE_GPU_FOR_TESTS, rank " +
+                            std::to_string(self.rank) + ")");
+  }
+}
+
+void orderConcurrentCommunicators(TopologySetup& setup, const std::string& why,
+                                  const std::vector<std::string>& scopes, int smCount) {
+  const char* kOrder = "NCCL_LAUNCH_ORDER_IMPLICIT";
+  if (const std::string* l = findNcclEnv(setup.ncclEnv, kOrder)) {
+    if (parseNcclEnvEntry(*l).value == "0")
+      throw ConfigError(
+          why +
+          " runs kernels of several NCCL communicators at once, which can deadlock across ranks "
+          "unless NCCL orders their launches, but " +
+          *l + " turns that off: remove it");
+  } else {
+    setenv(kOrder, "1", 1);
+    setup.ncclEnv.push_back(std::string(kOrder) + "=1 (" + why + ": concurrent communicators)");
+  }
+  if (!setup.profile) return;
+  int total = 0;
+  std::string parts;
+  for (const auto& scope : scopes) {
+    const int m = setup.profile->tuning(scope).minCtas;
+    if (m <= 0) continue;
+    total += m;
+    parts += (parts.empty() ? "" : " + ") + scope + " " + std::to_string(m);
+  }
+  if (total > smCount)
+    throw ConfigError("profile " + setup.profile->path + ": " + why + " runs the " +
+                      std::to_string(scopes.size()) +
+                      " communicators' kernels at once, and their min_ctas (" + parts + " = " +
+                      std::to_string(total) + ") exceed the GPU's " + std::to_string(smCount) + " SMs");
 }
 
 void bindRailNic(TopologySetup& setup, int rank) {

@@ -20,6 +20,7 @@
 #include "comm/NcclCommunicator.h"
 #include "core/cuda/CudaMemory.h"
 #include "core/cuda/CudaRuntime.h"
+#include "core/cuda/DeviceBinding.h"
 #endif
 
 namespace mt {
@@ -91,7 +92,9 @@ void Trainer::setupDevice() {
 #ifdef MT_WITH_CUDA
   const int n = cudaDeviceCountOrZero();
   if (n == 0) cfg_.fail("train.device", "no CUDA device is visible to rank " + std::to_string(mpi_.rank()));
-  cuda_ = std::make_unique<CudaRuntime>(mpi_.localRank() % n);
+  // By the place on the machine, not in an emulated node (MT_NODE_SPLIT): ranks 0 and 4 of two
+  // emulated 4-rank nodes on one 8-GPU machine are local rank 0 both, but need GPUs 0 and 4.
+  cuda_ = std::make_unique<CudaRuntime>(mpi_.machineLocalRank() % n);
   device_ = cuda_->dev();
   cuda_->setMatmulPrecision(s_.precision == "bf16"   ? MatmulPrecision::kBF16
                             : s_.precision == "f16" ? MatmulPrecision::kF16
@@ -104,6 +107,36 @@ void Trainer::setupDevice() {
 #endif
 }
 
+// Every rank's (host, GPU, rail) before any communicator: the node groups, the CPU binding and the
+// NIC binding come from it; then what NCCL must read at its first call (NCCL_IB_HCA, the test mode's
+// host identities, the launch order of concurrent communicators), logged by rank 0.
+void Trainer::placeRank(bool nccl) {
+  RankSelf self;
+  self.rank = mpi_.rank();
+  self.hostname = mpi_.hostname();
+  self.machine = mpi_.machineIndex();
+  self.emulatedNodeRanks = s_.nodeRanks > 0 ? s_.nodeRanks : mpi_.emulatedNodeSize();
+  self.localRank = self.emulatedNodeRanks > 0 ? mpi_.rank() % self.emulatedNodeRanks : mpi_.localRank();
+  self.device = device_.isCuda() ? device_.index : -1;
+  self.nccl = nccl;
+  self.shareGpuForTests = nccl && envInt(EnvParam::kNcclShareGpu) != 0;
+  const size_t listed = topo_.ncclEnv.size();
+  exchangeRankLayout(MPI_COMM_WORLD, self, topo_);
+  if (self.shareGpuForTests) shareGpuForTests(topo_, self);
+#ifdef MT_WITH_CUDA
+  if (nccl && (s_.hierarchical || s_.sharding.strategy == ShardStrategy::kHybridShard))
+    orderConcurrentCommunicators(topo_,
+                                 s_.hierarchical ? "topo.hierarchical" : "sharding.strategy = hybrid_shard",
+                                 {"world", "intra", "inter"}, cuda_->smCount());
+#endif
+  if (device_.isCuda() && topo_.topology && s_.bindCpus)
+    bindToGpuCpus(*topo_.topology, topo_.layout.placements.at(static_cast<size_t>(mpi_.rank())));
+  if (s_.bindNic) bindRailNic(topo_, mpi_.rank());
+  if (mpi_.rank() == 0)
+    for (size_t i = listed; i < topo_.ncclEnv.size(); ++i)
+      MT_LOG_INFO << "nccl env: " << topo_.ncclEnv[i];
+}
+
 void Trainer::setupComm() {
   CommOptions opts;
   opts.name = "world";
@@ -114,15 +147,7 @@ void Trainer::setupComm() {
   if (backend == "auto") backend = mpi_.size() > 1 ? (device_.isCuda() ? "nccl" : "mpi") : "local";
   if (backend == "local" && mpi_.size() > 1)
     cfg_.fail("dist.backend", "local works for one rank only; this job has " + std::to_string(mpi_.size()));
-  // Every rank's (host, GPU, rail) before any communicator: the node groups, the CPU binding and
-  // the NIC binding come from it, and NCCL reads NCCL_IB_HCA at its first call.
-  const int emulated = s_.nodeRanks > 0 ? s_.nodeRanks : mpi_.emulatedNodeSize();
-  exchangeRankLayout(MPI_COMM_WORLD, mpi_.rank(), mpi_.hostname(), mpi_.nodeIndex(),
-                     emulated > 0 ? mpi_.rank() % emulated : mpi_.localRank(), emulated,
-                     device_.isCuda() ? device_.index : -1, backend == "nccl", topo_);
-  if (device_.isCuda() && topo_.topology && s_.bindCpus)
-    bindToGpuCpus(*topo_.topology, topo_.layout.placements.at(static_cast<size_t>(mpi_.rank())));
-  if (s_.bindNic) bindRailNic(topo_, mpi_.rank());
+  placeRank(backend == "nccl");
   if (topo_.profile) opts.tuning = topo_.profile->tuning("world");
   if (backend == "local") {
     world_ = std::make_unique<LocalCommunicator>(opts);
@@ -163,7 +188,7 @@ void Trainer::setupData() {
     if (s_.feed == FeedMode::kUvm) host_ = &cuda_->managed();
     if (s_.feed == FeedMode::kDevice) lo.numWorkers = 0;  // the GPU gathers; no host collation
     const int dev = cuda_->device();
-    lo.workerInit = [dev] { cudaSetDevice(dev); };
+    lo.workerInit = [dev] { bindThreadToDevice(dev); };
   }
 #endif
   s_.loader = lo;  // the evaluator's loader works the same way

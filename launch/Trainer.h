@@ -43,6 +43,7 @@ class Trainer {
   void warnIfBoundNarrowly() const;
   void setupDevice();
   void setupComm();
+  void placeRank(bool nccl);
   void setupData();
   void setupModel();
   void resumeIfAny();

@@ -35,6 +35,7 @@
 #include "core/cuda/CudaOptim.h"
 #include "core/cuda/CudaRuntime.h"
 #include "core/cuda/CudaStream.h"
+#include "core/cuda/DeviceBinding.h"
 #endif
 
 namespace mt {
@@ -140,7 +141,11 @@ void ShardedEngine::sendParams(int ui) {
 
 void ShardedEngine::offloadWorker() {
   Offload& o = *off_;
-  if (cudaSetDevice(o.device) != cudaSuccess) cudaGetLastError();  // reported by the first CUDA_CHECK
+  try {
+    bindThreadToDevice(o.device);
+  } catch (const Error&) {
+    // The first CUDA call of a job reports it.
+  }
   // OpenMP's thread count is per thread: the rank's budget, less one core for the training thread,
   // which launches the GPU's kernels meanwhile (with all cores busy here it was descheduled and the
   // GPU idled: the delayed update hid only a third of the CPU step, H200 2026-12-04).

@@ -79,7 +79,8 @@ const std::vector<ParamSpec>& table() {
       {"NCCL_MIN_NCHANNELS", Kind::kInt, 1, 64, nullptr, nullptr},
       {"NCCL_MAX_CTAS", Kind::kInt, 1, 64, nullptr, nullptr},
       {"NCCL_MIN_CTAS", Kind::kInt, 1, 64, nullptr, nullptr},
-      {"NCCL_ALGO", Kind::kList, 0, 0, "RING,TREE,COLLNET,COLLNETDIRECT,COLLNETCHAIN,NVLS,NVLSTREE,PAT", nullptr},
+      {"NCCL_ALGO", Kind::kList, 0, 0, "RING,TREE,COLLNET,COLLNETDIRECT,COLLNETCHAIN,NVLS,NVLSTREE,PAT",
+       nullptr},
       {"NCCL_PROTO", Kind::kList, 0, 0, "LL,LL128,SIMPLE", nullptr},
       {"NCCL_TOPO_FILE", Kind::kString, 0, 0, nullptr, nullptr},
       {"NCCL_TOPO_DUMP_FILE", Kind::kString, 0, 0, nullptr, nullptr},
@@ -103,6 +104,8 @@ const std::vector<ParamSpec>& table() {
       {"NCCL_CGA_CLUSTER_SIZE", Kind::kInt, 0, 8, nullptr, nullptr},
       {"NCCL_COMM_SPLIT_SHARE_RESOURCES", Kind::kBool, 0, 0, nullptr, nullptr},
       {"NCCL_NCHANNELS_PER_NET_PEER", Kind::kInt, 1, 64, nullptr, nullptr},
+      {"NCCL_LAUNCH_ORDER_IMPLICIT", Kind::kBool, 0, 0, nullptr, nullptr},
+      {"NCCL_HOSTID", Kind::kString, 0, 0, nullptr, nullptr},
       // Deprecated: accepted with a warning naming the replacement.
       {"NCCL_MIN_NRINGS", Kind::kInt, 1, 64, nullptr, "NCCL_MIN_NCHANNELS"},
       {"NCCL_MAX_NRINGS", Kind::kInt, 1, 64, nullptr, "NCCL_MAX_NCHANNELS"},

@@ -124,15 +124,17 @@ RankLayout groupRanks(const std::vector<RankIdentity>& ids, const Topology* t, i
                      "): node groups need the same number on every node";
     l.problems.push_back(l.unequalNodes);
   }
-  // Ranks driving one GPU (possible with the MPI backend; NCCL refuses it).
+  // Ranks driving one GPU (possible with the MPI backend; NCCL refuses it). By machine, not by
+  // node: emulated nodes (MT_NODE_SPLIT) are blocks of ranks on one machine and share its GPUs.
   std::map<std::pair<std::string, std::string>, std::vector<int>> byGpu;
   for (size_t r = 0; r < ids.size(); ++r)
     if (!ids[r].busid.empty() && !ids[r].gpuFromFile)
-      byGpu[{ids[r].host, ids[r].busid}].push_back(static_cast<int>(r));
+      byGpu[{ids[r].machine.empty() ? ids[r].host : ids[r].machine, ids[r].busid}].push_back(
+          static_cast<int>(r));
   for (auto& kv : byGpu) {
     if (kv.second.size() < 2) continue;
     l.sharedGpus.push_back(kv.second);
-    l.problems.push_back("ranks " + list(kv.second) + " share GPU " + kv.first.second + " of host " +
+    l.problems.push_back("ranks " + list(kv.second) + " share GPU " + kv.first.second + " of machine " +
                          kv.first.first);
   }
   if (!l.uniform) return l;

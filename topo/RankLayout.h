@@ -21,6 +21,7 @@ namespace mt {
 // What a rank says of itself at start.
 struct RankIdentity {
   std::string host;          // hostname; an emulated node's name when nodes are emulated
+  std::string machine;       // the machine it runs on (empty: host); GPUs are the machine's
   std::string busid;         // its GPU's PCI bus id, lower case; empty without one
   int rail = -1;             // the first NIC of its GPU's rail in the topology file; -1: none
   bool gpuFromFile = false;  // CPU rank standing in for the file's GPU (emulated layouts)
@@ -51,7 +52,7 @@ struct RankLayout {
   std::vector<std::vector<int>> intraNode;   // per node, its ranks in slot order
   std::vector<std::vector<int>> rails;       // per slot, that slot's rank on every node (uniform only)
   std::vector<std::string> problems;         // why not uniform / not rail-aligned / GPUs shared
-  std::vector<std::vector<int>> sharedGpus;  // ranks driving the same GPU of one host
+  std::vector<std::vector<int>> sharedGpus;  // ranks driving the same GPU of one machine
   std::string summary() const;
 };
 

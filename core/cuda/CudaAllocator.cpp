@@ -5,6 +5,7 @@
 #include "core/Log.h"
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaStream.h"
+#include "core/cuda/DeviceBinding.h"
 
 namespace mt {
 
@@ -72,6 +73,7 @@ void CachingDeviceAllocator::releaseCachedLocked() {
 
 void* CachingDeviceAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
+  requireThreadDevice(device_, "allocating GPU memory");
   const size_t size = roundAllocationSize(bytes);
   cudaStream_t stream = currentStream();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -108,6 +110,7 @@ void* CachingDeviceAllocator::allocate(size_t bytes) {
 
 void CachingDeviceAllocator::deallocate(void* ptr, size_t) noexcept {
   if (!ptr) return;
+  noteThreadDevice(device_, "freeing GPU memory");  // the events below are recorded on this device
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.find(ptr);
   if (it == live_.end()) return;
@@ -129,6 +132,7 @@ void CachingDeviceAllocator::deallocate(void* ptr, size_t) noexcept {
 }
 
 bool CachingDeviceAllocator::recordStream(const void* ptr, cudaStream_t stream) {
+  requireThreadDevice(device_, "recording a stream's use of GPU memory");
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.upper_bound(const_cast<void*>(ptr));
   if (it == live_.begin()) return false;
@@ -233,6 +237,7 @@ CachingHostAllocator<Backing>::~CachingHostAllocator() {
 template <typename Backing>
 void* CachingHostAllocator<Backing>::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
+  requireThreadDevice(-1, "allocating pinned or managed host memory");
   const size_t size = roundAllocationSize(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
   void* ptr = cache_.take(size);
@@ -250,6 +255,7 @@ void* CachingHostAllocator<Backing>::allocate(size_t bytes) {
 template <typename Backing>
 void CachingHostAllocator<Backing>::deallocate(void* ptr, size_t) noexcept {
   if (!ptr) return;
+  noteThreadDevice(-1, "freeing pinned or managed host memory");  // records an event
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.find(ptr);
   if (it == live_.end()) return;

@@ -3,15 +3,17 @@
 #include <atomic>
 
 #include "core/cuda/CudaCheck.h"
+#include "core/cuda/DeviceBinding.h"
 
 namespace mt {
 
 namespace {
 std::atomic<CudaRuntime*> gActive{nullptr};
 
-// cudaSetDevice must precede the members that allocate, so it runs in this helper.
+// The constructing thread binds to the device before the members that allocate, so it runs in
+// this helper.
 int selectDevice(int device) {
-  CUDA_CHECK(cudaSetDevice(device));
+  bindThreadToDevice(device);
   return device;
 }
 }  // namespace

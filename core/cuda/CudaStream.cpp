@@ -2,6 +2,7 @@
 
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"
+#include "core/cuda/DeviceBinding.h"
 
 namespace mt {
 
@@ -20,9 +21,13 @@ void setCurrentStream(cudaStream_t s) {
   tCurrentSet = true;
 }
 
-CudaStream::CudaStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+CudaStream::CudaStream() {
+  requireThreadDevice(-1, "creating a CUDA stream");
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+}
 
 CudaStream::CudaStream(int priority) {
+  requireThreadDevice(-1, "creating a CUDA stream");
   CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
 }
 
@@ -53,6 +58,7 @@ CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {
 void CudaStream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(s_)); }
 
 CudaEvent::CudaEvent(bool timing) {
+  requireThreadDevice(-1, "creating a CUDA event");
   CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
 }
 

@@ -24,6 +24,7 @@
 
 #ifdef MT_WITH_CUDA
 #include "core/cuda/CudaRuntime.h"
+#include "core/cuda/DeviceBinding.h"
 #endif
 
 using namespace mt;
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
       if (fm == FeedMode::kPinned) host = &rt->pinned();
       if (fm == FeedMode::kUvm) host = &rt->managed();
       if (fm == FeedMode::kDevice) lo.numWorkers = 0;
-      lo.workerInit = [] { cudaSetDevice(0); };
+      lo.workerInit = [] { bindThreadToDevice(0); };
     }
 #else
     if (feed != "none") throw ConfigError("data_bench: --feed needs a CUDA build");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the device machine over the carried dist/ (see build_for_device.sh):
-#   bash scripts/device/run_on_device.sh probe|gpu-tests|bench [args]
+#   bash scripts/device/run_on_device.sh probe|gpu-tests|nccl-ranks|nccl-sanitizer|bench [args]
 # Results go to $OUT (when set) as logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -59,6 +59,50 @@ case "$what" in
       $g.test_gpu_local_matches_cpu $g.test_f16_loss_scaling_trains $g.test_data_feeds_match_cpu \
       $g.test_gpu_compression_trains $g.test_offload_pipeline_matches_cpu $g.test_delayed_update_trains 2>&1 | tee "$out/gpu_training.log" | tail -25
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    exit $status
+    ;;
+  nccl-ranks)
+    # Several NCCL ranks on the one GPU (MT_NCCL_SHARE_GPU_FOR_TESTS: each rank its own NCCL host
+    # over sockets; testing only, timings are not throughput): the backend's own tests with 2 and
+    # 4 ranks, then every trainer path and fault (tests/launch/test_nccl_ranks.py). Arguments:
+    # unittest names to run only those (e.g. NcclRanks.test_sharded), or "cxx" for the C++ part only.
+    export MT_NCCL_SHARE_GPU_FOR_TESTS=1
+    status=0
+    for np in 2 4; do
+      echo "=== test_nccl_ranks -np $np"
+      timeout 300 mpirun -np $np --bind-to none dist/bin/test_nccl_ranks 2>&1 | tee "$out/test_nccl_ranks_np$np.log" |
+        grep -E "OK \]|FAILED|PASSED|rank [0-9]:|Failure|error" || true
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    done
+    [[ "${1:-}" == "cxx" ]] && exit $status
+    echo "=== test_nccl_ranks.py"
+    PYTHONUNBUFFERED=1 python3 tests/launch/test_nccl_ranks.py -v "$@" 2>&1 | tee "$out/nccl_ranks.log" |
+      grep -E "^test_|ok$|FAIL|ERROR|worst|ended|Error|^Ran|^OK" || true
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    exit $status
+    ;;
+  nccl-sanitizer)
+    # The multi-rank NCCL path under compute-sanitizer's memcheck (2 ranks sharing the GPU): the
+    # backend's collectives, splits, hierarchy and fingerprint, then 10 data-parallel and 10
+    # full_shard training steps. Slow: correctness only.
+    export MT_NCCL_SHARE_GPU_FOR_TESTS=1
+    status=0
+    # NCCL probes kernels it has no sm_90 image for (cudaFuncGetAttributes: error 209, 40 of them in
+    # a first run, 2026-12-04): API errors it handles itself, so only memory errors are reported.
+    cs="compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 50"
+    echo "=== test_nccl_ranks -np 2 under memcheck"
+    timeout 300 mpirun -np 2 --bind-to none $cs dist/bin/test_nccl_ranks \
+      --gtest_filter='NcclRanks.Collectives*:NcclRanks.Hier*:NcclRanks.Splits*:NcclRanks.Fingerprint*:NcclRanks.Thousands*' \
+      >"$out/sanitizer_nccl_ranks.log" 2>&1 || status=1
+    grep -E "ERROR SUMMARY|OK \]|FAILED" "$out/sanitizer_nccl_ranks.log" | sort | uniq -c
+    for strategy in no_shard full_shard; do
+      echo "=== trainer -np 2 $strategy under memcheck"
+      timeout 240 mpirun -np 2 --bind-to none $cs dist/bin/trainer --data.path="$FASHION_H5" --model.type=cnn \
+        --model.conv_channels=8,16 --model.fc=32 --train.batch_size=32 --train.max_steps=10 --train.device=cuda \
+        --dist.backend=nccl --sharding.strategy=$strategy --run.dir=/tmp/mt-sanitizer --run.name=$strategy \
+        --checkpoint.at_exit=false >"$out/sanitizer_$strategy.log" 2>&1 || status=1
+      grep -E "ERROR SUMMARY|final test" "$out/sanitizer_$strategy.log"
+    done
     exit $status
     ;;
   *)

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/cuda/CudaRuntime.h"
+#include "core/cuda/DeviceBinding.h"
 #include "data/DeviceFeed.h"
 #include "data/H5File.h"
 #include "data/ImageSource.h"
@@ -36,7 +37,7 @@ void compareFeeds(const BatchSource& src, const ResidentSplit& split, int64_t ba
     if (mode == FeedMode::kPinned) host = &rt.pinned();
     if (mode == FeedMode::kUvm) host = &rt.managed();
     if (mode == FeedMode::kDevice) lg.numWorkers = 0;
-    lg.workerInit = [] { cudaSetDevice(0); };
+    lg.workerInit = [] { bindThreadToDevice(0); };
     Loader loader(src, lg, 1, 2, *host);
     DeviceFeed feed(mode, loader, rt.dev(), &split);
     for (int i = 0; i < 12; ++i) {

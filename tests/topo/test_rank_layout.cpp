@@ -100,5 +100,27 @@ TEST(RankLayout, EmulatedNodesAreBlocksOfRanks) {
   EXPECT_THROW(layoutRanks(sample(kOci), 6, 4), ConfigError);
 }
 
+// MT_NODE_SPLIT on one real 8-GPU machine: ranks 0 and 4 were both "local rank 0" of their emulated
+// node and took GPU 0. Emulated nodes are named apart, but their GPUs are the machine's, so the
+// shared-GPU check (which NCCL needs) must group by machine, not by node.
+TEST(RankLayout, EmulatedNodesOnOneMachineShareItsGpus) {
+  const Topology t = sample(kOci);
+  auto gpu = [&](int i) { return t.gpus()[static_cast<size_t>(i)].busid; };
+  std::vector<RankIdentity> ids;
+  for (int r = 0; r < 8; ++r) {
+    ids.push_back(identify(&t, "box#" + std::to_string(r / 4), gpu(r % 4)));
+    ids.back().machine = "box#0";
+  }
+  RankLayout l = groupRanks(ids, &t, 4);
+  EXPECT_EQ(l.nodes, 2);
+  ASSERT_EQ(l.sharedGpus.size(), 4u) << l.summary();
+  EXPECT_EQ(l.sharedGpus[0].size(), 2u);
+  // Each rank on its own GPU of the machine (by machine-local rank): nothing shared.
+  for (int r = 0; r < 8; ++r)
+    ids[static_cast<size_t>(r)].busid = gpu(r);
+  l = groupRanks(ids, &t, 4);
+  EXPECT_TRUE(l.sharedGpus.empty()) << l.summary();
+}
+
 }  // namespace
 }  // namespace mt
