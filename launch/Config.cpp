@@ -7,17 +7,18 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "core/Error.h"
+#include "core/Files.h"
 
 namespace po = boost::program_options;
 
 namespace mt {
 
 namespace {
+
+constexpr uint64_t kConfigFileLimit = 1ull << 20;  // an INI of every key is a few KB
 
 std::string number(double v) {
   char buf[32];
@@ -111,8 +112,12 @@ Config Config::defaults() {
 }
 
 Config Config::fromFile(const std::string& path, const std::map<std::string, std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("config error: cannot read config file " + path + ": " + std::strerror(errno));
+  // A directory would read as an empty file (the built-in defaults, trained with rc 0) and a device
+  // without end; a config is a regular file of human size.
+  std::string text, why;
+  if (!readWholeFile(path, &text, &why, kConfigFileLimit))
+    throw ConfigError("config error: cannot read config file " + path + ": " + why);
+  std::istringstream in(text);
   return fromStream(in, path, overrides);
 }
 
@@ -163,6 +168,8 @@ Config Config::fromArgs(const std::vector<std::string>& args) {
     } else {
       throw ConfigError("config error: --" + body + " needs a value (--" + body + "=VALUE)");
     }
+    if (body == "config" && value.empty())
+      throw ConfigError("config error: --config needs a file (--config=FILE.ini)");
     if (body == "config") file = value;
     else if (!findKey(body))
       throw ConfigError("config error: --" + body + ": unknown key '" + body + "'" + suggestKey(body));
