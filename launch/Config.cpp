@@ -310,6 +310,7 @@ std::string configHelp() {
         "       trainer --help-nccl     the NCCL_* variables profiles and the environment are checked against\n"
         "       trainer --config-reference   every key as the README's markdown table\n"
         "       trainer --devices       how many GPUs this build can use here\n"
+        "       trainer --version       version, commit, CUDA/NCCL/cuDNN/MPI/HDF5 built with, run with\n"
         "       trainer topo --help     read an NCCL topology file (GPUs, NICs, rails, fabric)\n"
         "       trainer predict --help  the fabric cost model: step time and scaling per node count\n"
         "       trainer export --help   a checkpoint's parameters and architecture as one HDF5 file\n"
