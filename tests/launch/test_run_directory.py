@@ -12,7 +12,6 @@
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -138,12 +137,9 @@ class RankZeroAloneFailsAtTheEndOfSetup(TempDir):
     def test_full_disk(self):
         # With no room at all, and with room for the lock and pid files but not config.ini: exit 2
         # naming the disk's error either way, and never an empty config.ini.
-        full = os.path.join(self.d, "full")
-        self.mount_tmpfs(full, "size=256k")
         for spare in (0, 3):
-            for n in os.listdir(full):
-                shutil.rmtree(os.path.join(full, n), ignore_errors=True) if os.path.isdir(
-                    os.path.join(full, n)) else os.remove(os.path.join(full, n))
+            full = os.path.join(self.d, f"full{spare}")
+            self.mount_tmpfs(full, "size=256k")
             st = os.statvfs(full)
             with open(os.path.join(full, "filler"), "wb") as f:
                 f.write(b"\0" * ((st.f_bavail - spare) * st.f_frsize))
@@ -152,6 +148,7 @@ class RankZeroAloneFailsAtTheEndOfSetup(TempDir):
             self.assertEqual(code, 2, f"spare {spare}:\n{out[-3000:]}")
             self.assertLess(took, 30)
             self.assertContains(out, "No space left on device")
+            self.assertContains(out, "run.lock" if spare == 0 else "config.ini")
             self.assertEqual(len(error_lines(out)), 1, out[-3000:])
             ini = os.path.join(run_dir, "config.ini")
             if os.path.exists(ini):
