@@ -7,17 +7,18 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "core/Error.h"
+#include "core/Files.h"
 
 namespace po = boost::program_options;
 
 namespace mt {
 
 namespace {
+
+constexpr uint64_t kConfigFileLimit = 1ull << 20;  // an INI of every key is a few KB
 
 std::string number(double v) {
   char buf[32];
@@ -111,8 +112,12 @@ Config Config::defaults() {
 }
 
 Config Config::fromFile(const std::string& path, const std::map<std::string, std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("config error: cannot read config file " + path + ": " + std::strerror(errno));
+  // A directory would read as an empty file (the built-in defaults, trained with rc 0) and a device
+  // without end; a config is a regular file of human size.
+  std::string text, why;
+  if (!readWholeFile(path, &text, &why, kConfigFileLimit))
+    throw ConfigError("config error: cannot read config file " + path + ": " + why);
+  std::istringstream in(text);
   return fromStream(in, path, overrides);
 }
 
@@ -163,6 +168,8 @@ Config Config::fromArgs(const std::vector<std::string>& args) {
     } else {
       throw ConfigError("config error: --" + body + " needs a value (--" + body + "=VALUE)");
     }
+    if (body == "config" && value.empty())
+      throw ConfigError("config error: --config needs a file (--config=FILE.ini)");
     if (body == "config") file = value;
     else if (!findKey(body))
       throw ConfigError("config error: --" + body + ": unknown key '" + body + "'" + suggestKey(body));
@@ -303,6 +310,7 @@ std::string configHelp() {
         "       trainer --help-nccl     the NCCL_* variables profiles and the environment are checked against\n"
         "       trainer --config-reference   every key as the README's markdown table\n"
         "       trainer --devices       how many GPUs this build can use here\n"
+        "       trainer --version       version, commit, CUDA/NCCL/cuDNN/MPI/HDF5 built with, run with\n"
         "       trainer topo --help     read an NCCL topology file (GPUs, NICs, rails, fabric)\n"
         "       trainer predict --help  the fabric cost model: step time and scaling per node count\n"
         "       trainer export --help   a checkpoint's parameters and architecture as one HDF5 file\n"

@@ -66,6 +66,9 @@ const std::vector<ConfigKey>& configSchema() {
       // run
       text("run.name", "fashion_mlp", "run name; the run directory is <run.dir>/<run.name>"),
       text("run.dir", "runs", "parent folder of run directories"),
+      integer("run.lock_stale_s", "300", atLeast(30),
+              "a run directory's lock (run.lock) left by a job on another host, container or boot is taken over "
+              "once its heartbeat is this many seconds old (one on this machine as soon as its process is gone)"),
       integer("run.seed", "1234", {}, "seed of initialisation, shuffling and dropout"),
       integer("run.log_interval", "100", kPositive, "steps between progress lines and metrics.jsonl step records"),
       boolean("run.trace", "false", "write per-step communication timestamps to <run_dir>/trace.jsonl"),

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/Log.h"
+#include "launch/RunDirectory.h"
 
 namespace mt {
 
@@ -21,6 +22,7 @@ void dumpCollectives(Communicator& comm) {
 void onPeerLost(Communicator& world, int lostRank, const std::string& why, int peerExitCode) {
   MT_LOG_ERROR << "rank " << lostRank << " lost: " << why << "; ending this rank";
   dumpCollectives(world);
+  releaseRunDirLockBeforeExit();
   std::fflush(stdout);
   std::fflush(stderr);
   // The peer is gone, so no collective (not even MPI_Abort's) can be trusted to complete. A peer
@@ -33,6 +35,7 @@ void abortJob(const std::string& message, ExitCode code, Communicator* world, He
   MT_LOG_ERROR << "error: " << message;
   if (world) dumpCollectives(*world);
   if (health) health->announceAbort(static_cast<int>(code));
+  releaseRunDirLockBeforeExit();
   std::fflush(stdout);
   std::fflush(stderr);
   int initialized = 0, finalized = 0;

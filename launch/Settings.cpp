@@ -1,5 +1,6 @@
 #include "launch/Settings.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/EnvParams.h"
@@ -36,6 +37,7 @@ Settings Settings::fromConfig(const Config& c) {
   s.runName = c.str("run.name");
   if (s.runName.empty() || s.runName.find('/') != std::string::npos) c.fail("run.name", "must be a plain name");
   s.runDir = (std::filesystem::path(c.str("run.dir")) / s.runName).string();
+  s.lockStaleS = static_cast<int>(std::min<int64_t>(c.i64("run.lock_stale_s"), 1 << 30));
   s.seed = static_cast<uint64_t>(c.i64("run.seed"));
   s.logInterval = c.i64("run.log_interval");
   s.trace = c.flag("run.trace");

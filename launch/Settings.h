@@ -23,6 +23,7 @@ namespace mt {
 struct Settings {
   // run
   std::string runName, runDir;  // runDir = <run.dir>/<run.name>
+  int lockStaleS = 300;         // run.lock_stale_s (launch/RunDirectory.h)
   uint64_t seed = 0;
   int64_t logInterval = 100;
   bool trace = false;

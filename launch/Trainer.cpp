@@ -4,16 +4,17 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "comm/MpiCommunicator.h"
 #include "core/Allocator.h"
 #include "core/EnvParams.h"
+#include "core/Files.h"
 #include "core/Log.h"
 #include "core/Threads.h"
 #include "core/Timer.h"
 #include "launch/Failure.h"
 #include "launch/NcclReport.h"
+#include "launch/SetupAgreement.h"
 #include "models/layers/SoftmaxCrossEntropy.h"
 
 #ifdef MT_WITH_CUDA
@@ -66,6 +67,7 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi)
   setNumThreads(defaultNumThreads(mpi_.localSize()));
   warnIfBoundNarrowly();
   runDir_ = s_.runDir;
+  takeRunDirectory();
   topo_ = applyTopology(s_, mpi_.rank());
   setupDevice();
   setupComm();
@@ -73,7 +75,21 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi)
   setupModel();
   resumeIfAny();
   writeRunFiles();
+  // Collective (MPI_Comm_dup): only after every rank-local step of setup has been agreed on.
   if (mpi_.size() > 1) stop_ = std::make_unique<StopAgreement>(MPI_COMM_WORLD);
+}
+
+// Before anything is written into the run directory: rank 0 locks it (a second job into it exits 2
+// naming the first) and, with checkpoint.resume = never, moves a previous run's files aside so
+// the new run's checkpoints and metrics never mix with them. Every rank learns the outcome.
+void Trainer::takeRunDirectory() {
+  agreeOnStep(MPI_COMM_WORLD, [this] {
+    if (mpi_.rank() != 0) return;
+    lock_ = RunDirLock::acquire(runDir_, s_.lockStaleS);
+    if (s_.resume != "never") return;
+    const std::string moved = archivePreviousRun(runDir_, s_.checkpointDir);
+    if (!moved.empty()) MT_LOG_WARN << moved;
+  });
 }
 
 Trainer::~Trainer() {
@@ -268,25 +284,47 @@ void Trainer::resumeIfAny() {
     MT_LOG_INFO << "resumed from " << path << " at step " << startStep_ << " (written by " << st.strategy << " training)";
 }
 
+// Rank 0 writes most of these files alone: its failure (a directory named config.ini, a read-only
+// or full disk) is agreed on before the next collective, so every rank exits 2 with its message.
 void Trainer::writeRunFiles() {
+  agreeOnStep(MPI_COMM_WORLD, [this] {
+    try {
+      writeOwnRunFiles();
+    } catch (const IoError& e) {
+      throw ConfigError("run directory " + runDir_ + " is not usable: " + e.what());
+    }
+  });
+  // Collective; rank 0 writes the report at its end.
+  if (s_.topoReport)
+    agreeOnStep(MPI_COMM_WORLD, [this] {
+      writeNcclReport(runDir_, *world_, world_->rank(), parallelism_->groupCommunicators(), topo_);
+    });
+}
+
+void Trainer::writeOwnRunFiles() {
   std::error_code ec;
   fs::create_directories(runDir_, ec);
   if (ec) throw IoError("cannot create run directory " + runDir_ + ": " + ec.message());
-  {
-    // Which process is which rank, for operators (and the fault tests) that signal one rank.
-    std::ofstream pid(runDir_ + "/rank" + std::to_string(world_->rank()) + ".pid");
-    pid << ::getpid() << "\n";
-  }
-  // The preemption marker of a previous attempt is stale now (scripts/slurm requeue on it).
-  if (world_->rank() == 0) fs::remove(runDir_ + "/PREEMPTED", ec);
-  if (world_->rank() == 0 && (!topo_.ncclEnv.empty() || topo_.profile)) writeNcclEnv(runDir_ + "/nccl.env", topo_);
-  if (s_.topoReport) writeNcclReport(runDir_, *world_, world_->rank(), parallelism_->groupCommunicators(), topo_);
+  // Which process is which rank, for operators (and the fault tests) that signal one rank.
+  writeFileAtomically(runDir_ + "/rank" + std::to_string(world_->rank()) + ".pid",
+                      std::to_string(::getpid()) + "\n");
   if (world_->rank() == 0) {
-    std::ofstream ini(runDir_ + "/config.ini");
-    ini << cfg_.toIni();
-    if (!ini) throw IoError("cannot write " + runDir_ + "/config.ini");
+    // The preemption marker of a previous attempt is stale now (scripts/slurm requeue on it).
+    fs::remove(runDir_ + "/PREEMPTED", ec);
+    if (!topo_.ncclEnv.empty() || topo_.profile) writeNcclEnv(runDir_ + "/nccl.env", topo_);
+    writeFileAtomically(runDir_ + "/config.ini", cfg_.toIni());
   }
   reporter_ = std::make_unique<RunReporter>(*task_, *world_, runDir_, resumed_, s_.trace);
+}
+
+void Trainer::adviseResume() const {
+  if (world_->rank() != 0 || s_.resume == "auto") return;
+  const std::string again =
+      s_.resume == "never" ? "start afresh again (moving this run aside)" : "load " + s_.resume + " again";
+  MT_LOG_WARN << "this run was started with checkpoint.resume = " << s_.resume
+              << ", so the same command would " << again
+              << ": to continue it from its newest checkpoint, run the same command with "
+              << "--checkpoint.resume=auto";
 }
 
 void Trainer::saveCheckpoint(int64_t stepsDone) {
@@ -459,6 +497,7 @@ int Trainer::run() {
   }
   if (preempted) {
     reporter_->preempted(step, totalSteps_, runDir_);
+    adviseResume();
     world_->barrierSync();
     return 0;
   }

@@ -18,6 +18,7 @@
 #include "launch/Evaluator.h"
 #include "launch/Parallelism.h"
 #include "launch/RankDiscovery.h"
+#include "launch/RunDirectory.h"
 #include "launch/RunReporter.h"
 #include "launch/Settings.h"
 #include "launch/Signals.h"
@@ -41,6 +42,7 @@ class Trainer {
 
  private:
   void warnIfBoundNarrowly() const;
+  void takeRunDirectory();
   void setupDevice();
   void setupComm();
   void placeRank(bool nccl);
@@ -48,6 +50,9 @@ class Trainer {
   void setupModel();
   void resumeIfAny();
   void writeRunFiles();
+  void writeOwnRunFiles();
+  // After a preemption: how to resume when the same command would not (checkpoint.resume != auto).
+  void adviseResume() const;
   void saveCheckpoint(int64_t stepsDone);
   // One optimizer step over train.grad_accum_steps micro-batches (their gradients accumulate);
   // returns this rank's loss statistics.
@@ -63,6 +68,7 @@ class Trainer {
   MpiEnvironment& mpi_;
   LaunchInfo launch_;
   std::string runDir_;
+  std::unique_ptr<RunDirLock> lock_;  // rank 0; released last, after everything that writes the directory
   Device device_ = Device::cpu();
   int64_t localBatch_ = 0;  // this rank's rows per optimizer step
   int64_t microBatch_ = 0;  // rows per forward/backward pass: localBatch_ / train.grad_accum_steps

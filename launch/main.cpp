@@ -1,6 +1,7 @@
 // trainer: the meshtrain training program.
 //   trainer [--config FILE.ini] [--section.key=value ...]   train (defaults: Fashion-MNIST MLP)
 //   trainer --help | --help-env | --help-nccl | --devices | --config-reference (the README's key table)
+//   trainer --version   version, git commit, and the CUDA/NCCL/cuDNN/MPI/HDF5 built with and run with
 //   trainer topo --file X.xml [--json] [--fabric ...] [--ranks N]   topology summary, rank layout
 //   trainer predict --topo X.xml [--profile P] ...                       scaling prediction
 //   trainer export --checkpoint DIR --out FILE.h5                       consolidated parameters
@@ -26,8 +27,10 @@
 #include "launch/Config.h"
 #include "launch/Failure.h"
 #include "launch/RankDiscovery.h"
+#include "launch/SetupAgreement.h"
 #include "launch/Signals.h"
 #include "launch/Trainer.h"
+#include "launch/Version.h"
 #include "topo/CostModel.h"
 #include "topo/NcclLog.h"
 #include "topo/Profile.h"
@@ -43,24 +46,6 @@ namespace {
 void printEnvHelp() {
   std::printf("environment variables read by meshtrain:\n");
   for (const auto& p : mt::envParamTable()) std::printf("  %-22s default %-6s %s\n", p.name, p.defaultValue, p.help);
-}
-
-// All ranks agree on the worst setup outcome; the message is printed once when identical.
-int agreeOnSetup(int code, const std::string& message, int rank, int size) {
-  if (size == 1) {
-    if (code) mt::writeLine(message);
-    return code;
-  }
-  int worst = 0;
-  MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (!worst) return 0;
-  char rootMsg[1024] = {0};
-  if (rank == 0) std::snprintf(rootMsg, sizeof(rootMsg), "%s", message.c_str());
-  MPI_Bcast(rootMsg, sizeof(rootMsg), MPI_CHAR, 0, MPI_COMM_WORLD);
-  if (code && (rank == 0 || message != rootMsg)) mt::writeLine("[r" + std::to_string(rank) + "] " + message);
-  if (!code && rank == 0)
-    mt::writeLine("[r0] error: another rank failed during setup (see its message above)");
-  return worst;
 }
 
 }  // namespace
@@ -259,6 +244,10 @@ int main(int argc, char** argv) {
     }
   }
   for (const auto& a : args) {
+    if (a == "--version") {
+      std::cout << mt::versionReport();
+      return 0;
+    }
     if (a == "--help-env") {
       printEnvHelp();
       return 0;
@@ -313,7 +302,7 @@ int main(int argc, char** argv) {
     code = static_cast<int>(mt::ExitCode::kFailure);
     message = std::string("error: internal: ") + e.what();
   }
-  code = agreeOnSetup(code, message, mpi.rank(), mpi.size());
+  code = mt::agreeOnSetup(code, message, mpi.rank(), mpi.size());
   if (code) {
     trainer.reset();
     return code;
