@@ -8,6 +8,7 @@
 // Exit codes: 0 ok, 1 internal/library failure, 2 bad input (config, data), 3 lost peer/timeout.
 
 #include <mpi.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <cstring>
@@ -232,7 +233,16 @@ int exportCommand(const std::vector<std::string>& args) {
     else throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
   }
   if (ckpt.empty() || out.empty()) throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
-  mt::CheckpointManager::exportConsolidated(ckpt, out);
+  struct stat st {};
+  if (::stat(out.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw mt::ConfigError("export: --out " + out + " exists and is not a regular file");
+  try {  // a file already at --out is replaced only by a complete export
+    mt::exportConsolidated(ckpt, out);
+  } catch (const mt::Error&) {
+    throw;
+  } catch (const std::exception& e) {  // (the subcommands' handler takes mt::Error only)
+    throw mt::InternalError(std::string("internal: ") + e.what());
+  }
   std::printf("exported %s to %s\n", ckpt.c_str(), out.c_str());
   return 0;
 }
