@@ -225,7 +225,8 @@ void CheckpointManager::prune() {
 
 std::string CheckpointManager::save(const TrainState& st, Parallelism& par, const ParamTable& table) {
   const std::string finalDir = dir_ + "/" + stepName(st.step);
-  if (st.step == lastSavedStep_) return finalDir;  // nothing changed since
+  // A stop that lands on a checkpoint.interval step asks for the step just written.
+  if (st.step == lastSavedStep_) return finalDir;
   Stopwatch sw;
   const int r = control().rank();
   const std::string tmpDir = makeTmpDir(finalDir);
@@ -389,9 +390,10 @@ void CheckpointManager::warnAboutDifferences(const std::string& path, const Chec
                 << "): training continues on other data";
   if (otherBatch)
     MT_LOG_WARN << "checkpoint " << path << " was trained with train.batch_size " << was.globalBatch
-                << ", this run uses " << identity_.globalBatch << ": the loader resumes at batch "
-                << meta.state.loaderSeq
-                << " of the new size, and the learning rate schedule was tuned for the old one";
+                << ", this run uses " << identity_.globalBatch << ": the data continues at batch "
+                << meta.state.loaderSeq << " of the new size (sample "
+                << meta.state.loaderSeq * identity_.globalBatch << ", not "
+                << meta.state.loaderSeq * was.globalBatch << ")";
 }
 
 void CheckpointManager::readState(const std::string& path, const CheckpointMeta& meta, Optimizer& opt) {
