@@ -33,14 +33,14 @@ SMALL = ["--model.type=mlp", "--model.hidden=256,128", "--train.batch_size=64", 
          f"--data.path={FASHION}", "--train.eval_interval=1000", "--train.eval_batches=1"]
 
 
-def run(np_, args, timeout=300, env=None, wrap=None):
+def run(np_, args, timeout=300, wrap=None):
     """The trainer on np_ ranks; `wrap` (a shell prefix) runs each rank under it."""
     argv = [TRAINER] + SMALL + args
     if wrap:
         argv = ["sh", "-c", wrap + ' "$0" "$@"'] + argv
     if np_ > 1:
         argv = ["mpirun", "-np", str(np_)] + argv
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
 def reseal(meta):
