@@ -159,7 +159,8 @@ TEST_F(CompressionTest, CheckpointStateRestoresTheNextStepExactly) {
     }
     const auto state = first->checkpointState();
     ASSERT_FALSE(state.empty());
-    for (const auto& kv : state) EXPECT_TRUE(second->restoreCheckpointState(kv.first, kv.second)) << kv.first;
+    for (const auto& kv : state)
+      EXPECT_TRUE(second->restoreCheckpointState(kv.first, kv.second)) << kv.first;
     fillGrads(a, 9);
     fillGrads(b, 9);
     reduce(*first, a, 3);

@@ -1,8 +1,8 @@
 // launch/Agreement over MPI: a failure on some ranks becomes the lowest failing rank's failure, with
 // its message and exit code, on every rank; no failure is nullopt everywhere.
 
-#include <mpi.h>
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include "comm/MpiCommunicator.h"
 #include "core/Error.h"

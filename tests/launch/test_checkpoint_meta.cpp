@@ -82,27 +82,37 @@ TEST(CheckpointMeta, ValuesOfTheWrongTypeOrRangeNameTheKey) {
       {[](Json& j) { j["step"] = -1; }, "'step' must be an integer in [0, "},
       {[](Json& j) { j["step"] = "40"; }, "'step' must be an integer in [0, 1125899906842624], not \"40\""},
       {[](Json& j) { j["numel"] = "110"; }, "'numel' must be an integer"},
-      {[](Json& j) { j["version"] = 999; }, "'version' is 999; this trainer reads checkpoint versions 1 to 2"},
+      {[](Json& j) { j["version"] = 999; },
+       "'version' is 999; this trainer reads checkpoint versions 1 to 2"},
       {[](Json& j) { j["world_size"] = 0; }, "'world_size' must be an integer in [1, "},
       {[](Json& j) { j["world_size"] = 3; }, "'files' lists 2 files for world_size 3"},
       {[](Json& j) { j["files"][1]["name"] = "../../etc/passwd"; }, "'files[1].name' must be rank1.h5"},
       {[](Json& j) { j["files"][0]["crc32"] = "x"; }, "'files[0].crc32' must be an integer"},
-      {[](Json& j) { j["files"][0]["crc32"] = 4294967296; }, "'files[0].crc32' must be an integer in [0, 4294967295]"},
+      {[](Json& j) { j["files"][0]["crc32"] = 4294967296; },
+       "'files[0].crc32' must be an integer in [0, 4294967295]"},
       {[](Json& j) { j["loss_scale"] = "inf"; }, "'loss_scale' must be a number"},
       {[](Json& j) { j["seed"] = -3; }, "'seed' must be a non-negative integer"},
       {[](Json& j) { j["strategy"] = "zero3"; }, "'strategy' names no sharding strategy"},
       {[](Json& j) { j["state_names"] = {"a/b"}; }, "'state_names[0]' is not a state name"},
       {[](Json& j) { j.erase("params"); }, "'params' is missing"},
       {[](Json& j) { j["params"] = Json::array(); }, "'params' is empty"},
-      {[](Json& j) { j["params"][0]["shape"] = {"10", 10}; }, "'params[0].shape' must be an integer"},
-      {[](Json& j) { j["params"][1]["offset"] = 105; }, "'params[1]' fc.bias (10 elements at offset 105) lies beyond"},
+      {[](Json& j) {
+         j["params"][0]["shape"] = {"10", 10};
+       },
+       "'params[0].shape' must be an integer"},
+      {[](Json& j) { j["params"][1]["offset"] = 105; },
+       "'params[1]' fc.bias (10 elements at offset 105) lies beyond"},
       {[](Json& j) { j["params"][1]["offset"] = 95; }, "'params' two parameters overlap at offset 95"},
-      {[](Json& j) { j["params"][0]["shape"] = {1 << 30, 1 << 30, 1 << 30}; }, "'params[0].shape' must be an integer"},
+      {[](Json& j) {
+         j["params"][0]["shape"] = {1 << 30, 1 << 30, 1 << 30};
+       },
+       "'params[0].shape' must be an integer"},
       {[](Json& j) { j["params"][1]["name"] = "fc.weight"; }, "'params[1].name' repeats fc.weight"},
       {[](Json& j) { j["data"]["batch_size"] = 0; }, "'data.batch_size' must be an integer in [1, "},
       {[](Json& j) { j["compression"] = "zip"; }, "'compression' names no compression method"},
   };
-  for (const auto& c : cases) EXPECT_EQ(errorOf(edited(c.edit)).rfind(where + c.message, 0), 0u) << errorOf(edited(c.edit));
+  for (const auto& c : cases)
+    EXPECT_EQ(errorOf(edited(c.edit)).rfind(where + c.message, 0), 0u) << errorOf(edited(c.edit));
 }
 
 TEST(CheckpointMeta, ChecksumIsRequiredAndChecked) {
@@ -110,7 +120,8 @@ TEST(CheckpointMeta, ChecksumIsRequiredAndChecked) {
             "checkpoint /ck/step_40: meta.json: 'meta_crc32' is missing");
   EXPECT_EQ(errorOf(edited([](Json& j) { j["step"] = 41; }, false)),
             "checkpoint /ck/step_40: meta.json does not match its checksum (edited or corrupt)");
-  EXPECT_NE(errorOf("{\"format\": \"meshtrain-checkpoint\", ").find("meta.json is corrupt"), std::string::npos);
+  EXPECT_NE(errorOf("{\"format\": \"meshtrain-checkpoint\", ").find("meta.json is corrupt"),
+            std::string::npos);
   EXPECT_NE(errorOf("[1, 2]").find("not a meshtrain checkpoint"), std::string::npos);
 }
 
@@ -147,8 +158,8 @@ TEST(Architecture, StructureChangesDropoutAndNormalisationAreNotes) {
   ASSERT_EQ(soft.notes.size(), 2u);
   EXPECT_EQ(soft.notes[0], "dropout (p per layer): [0.1] in the checkpoint, [] in this model");
   EXPECT_EQ(soft.notes[1], "layers[input].mean: 0.5 in the checkpoint, 0.25 in this model");
-  const ArchitectureDiff gpt =
-      compareArchitectures(R"({"type":"gpt","n_head":4,"n_embd":64})", R"({"type":"gpt","n_head":16,"n_embd":64})");
+  const ArchitectureDiff gpt = compareArchitectures(R"({"type":"gpt","n_head":4,"n_embd":64})",
+                                                    R"({"type":"gpt","n_head":16,"n_embd":64})");
   ASSERT_EQ(gpt.changes.size(), 1u);
   EXPECT_EQ(gpt.changes[0], "n_head: 4 in the checkpoint, 16 in this model");
 }
