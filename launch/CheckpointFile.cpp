@@ -207,6 +207,9 @@ void checkCoverage(const std::string& dir, const CheckpointMeta& meta) {
 }  // namespace
 
 void exportConsolidated(const std::string& dir, const std::string& out) {
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_regular_file(out, ec))
+    throw ConfigError("export: --out " + out + " exists and is not a regular file");
   const CheckpointMeta meta = readCheckpointMeta(dir);
   checkCoverage(dir, meta);
   std::vector<float> flat(static_cast<size_t>(meta.numel)), value;
@@ -231,11 +234,9 @@ void exportConsolidated(const std::string& dir, const std::string& out) {
     }
     w.close();
     fsyncPath(tmp, false);
-    std::error_code ec;
     fs::rename(tmp, out, ec);
     if (ec) throw IoError("cannot rename " + tmp + " to " + out + ": " + ec.message());
   } catch (...) {
-    std::error_code ec;
     fs::remove(tmp, ec);
     throw;
   }

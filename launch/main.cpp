@@ -8,7 +8,6 @@
 // Exit codes: 0 ok, 1 internal/library failure, 2 bad input (config, data), 3 lost peer/timeout.
 
 #include <mpi.h>
-#include <sys/stat.h>
 
 #include <cstdio>
 #include <cstring>
@@ -233,9 +232,6 @@ int exportCommand(const std::vector<std::string>& args) {
     else throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
   }
   if (ckpt.empty() || out.empty()) throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
-  struct stat st {};
-  if (::stat(out.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    throw mt::ConfigError("export: --out " + out + " exists and is not a regular file");
   try {  // a file already at --out is replaced only by a complete export
     mt::exportConsolidated(ckpt, out);
   } catch (const mt::Error&) {
