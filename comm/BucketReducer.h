@@ -42,6 +42,12 @@ class BucketReducer {
   virtual std::shared_ptr<Work> interWork(int bucket) const { return nullptr; }
   // Totals since the last call (metrics).
   CompressionStats takeStats();
+  // This rank's state that a checkpoint keeps so that a resumed run continues exactly (error
+  // feedback, PowerSGD's Q), by name, as host copies; empty for stateless reducers.
+  virtual std::vector<std::pair<std::string, Tensor>> checkpointState() const { return {}; }
+  // Puts back one entry of checkpointState(); false when this reducer has no such entry (another
+  // model, method or compression.rank), which leaves it to start from scratch.
+  virtual bool restoreCheckpointState(const std::string& name, const Tensor& value) { return false; }
 
  protected:
   void setWork(int bucket, std::shared_ptr<Work> work);

@@ -99,6 +99,39 @@ Tensor& FeedbackReducer::errorFor(int param) {
   return e;
 }
 
+int FeedbackReducer::paramIndex(const std::string& name) const {
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (table_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+bool FeedbackReducer::restoreInto(Tensor& slot, int param, const Tensor& value, int64_t numel,
+                                  const Shape& shape) const {
+  if (param < 0 || value.dtype() != DType::kF32 || value.numel() != numel) return false;
+  slot = Tensor::empty(shape, DType::kF32, table_[static_cast<size_t>(param)].grad.device());
+  slot.copyFrom(value.view(shape));
+  return true;
+}
+
+std::vector<std::pair<std::string, Tensor>> FeedbackReducer::checkpointState() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& kv : errors_)
+    out.emplace_back("error/" + table_[static_cast<size_t>(kv.first)].name, kv.second.to(Device::cpu()));
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+bool FeedbackReducer::restoreCheckpointState(const std::string& name, const Tensor& value) {
+  if (name.rfind("error/", 0) != 0 || !opt_.errorFeedback) return false;
+  const int pi = paramIndex(name.substr(6));
+  if (pi < 0) return false;
+  const int64_t n = table_[static_cast<size_t>(pi)].numel();
+  Tensor restored;
+  if (!restoreInto(restored, pi, value, n, {n})) return false;
+  errors_[pi] = restored;
+  return true;
+}
+
 void FeedbackReducer::launchPlain(const Bucket& bucket, Tensor grads) {
   slot(plain_, bucket.index) = 1;
   setWork(bucket.index, comm_.allReduce(grads, ReduceOp::kAvg));
@@ -164,6 +197,28 @@ Tensor& PowerSgdReducer::qFor(const Matrix& m) {
   orthonormalizeColumns(h, m.cols, m.rank, Device::cpu());
   q = host.to(table_[static_cast<size_t>(m.param)].grad.device());
   return q;
+}
+
+std::vector<std::pair<std::string, Tensor>> PowerSgdReducer::checkpointState() const {
+  auto out = FeedbackReducer::checkpointState();
+  if (!opt_.warmStart) return out;  // Q is drawn afresh every step then
+  std::vector<std::pair<std::string, Tensor>> qs;
+  for (const auto& kv : q_)
+    qs.emplace_back("q/" + table_[static_cast<size_t>(kv.first)].name, kv.second.to(Device::cpu()));
+  std::sort(qs.begin(), qs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  out.insert(out.end(), qs.begin(), qs.end());
+  return out;
+}
+
+bool PowerSgdReducer::restoreCheckpointState(const std::string& name, const Tensor& value) {
+  if (name.rfind("q/", 0) != 0) return FeedbackReducer::restoreCheckpointState(name, value);
+  const int pi = paramIndex(name.substr(2));
+  if (pi < 0 || !opt_.warmStart) return false;
+  const Param& p = table_[static_cast<size_t>(pi)];
+  if (p.shape.size() < 2 || p.numel() == 0) return false;
+  // Q's shape under this run's compression.rank: another rank starts Q afresh.
+  const int64_t rows = p.shape[0], cols = p.numel() / rows, rank = std::min<int64_t>({opt_.rank, rows, cols});
+  return restoreInto(q_[pi], pi, value, cols * rank, {cols, rank});
 }
 
 void PowerSgdReducer::launch(const Bucket& bucket, Tensor grads) {

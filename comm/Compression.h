@@ -22,9 +22,9 @@
 // next step's gradient, so nothing is lost, only delayed. The first start_iter steps use the plain
 // all-reduce (early gradients change fast, compression would slow convergence most then). All
 // ranks take identical decisions (shapes, ranks, k and the random start of Q depend only on the
-// configuration), so they issue identical collectives. Compression state (e, Q) is per rank and is
-// not written to checkpoints: a resumed run restarts it (error feedback from zero, Q from its
-// random start).
+// configuration), so they issue identical collectives. Compression state (e per rank, Q) goes into
+// checkpoints (checkpointState: "error/<param>", "q/<param>"), so a resumed run continues as the
+// uninterrupted one would; launch/Checkpoint restarts e from zero when the world size changed.
 
 #include <memory>
 #include <string>
@@ -78,6 +78,8 @@ class FeedbackReducer : public BucketReducer {
   void beginStep(int64_t step) override { step_ = step; }
   // The error-feedback residual of a parameter (undefined until it was first compressed).
   Tensor error(int param) const;
+  std::vector<std::pair<std::string, Tensor>> checkpointState() const override;
+  bool restoreCheckpointState(const std::string& name, const Tensor& value) override;
 
  protected:
   bool compressing() const { return step_ >= opt_.startIter; }
@@ -85,6 +87,10 @@ class FeedbackReducer : public BucketReducer {
   void launchPlain(const Bucket& bucket, Tensor grads);
   bool waitPlain(const Bucket& bucket);  // true when the bucket went uncompressed
   Tensor paramGrad(int param) const { return table_[static_cast<size_t>(param)].grad; }
+  // The index of parameter `name`, or -1.
+  int paramIndex(const std::string& name) const;
+  // Puts `value` into `slot` (allocated like the parameter's gradient) when it has `numel` elements.
+  bool restoreInto(Tensor& slot, int param, const Tensor& value, int64_t numel, const Shape& shape) const;
 
   Communicator& comm_;
   ParamTable& table_;
@@ -102,6 +108,8 @@ class PowerSgdReducer final : public FeedbackReducer {
   std::string name() const override { return "powersgd"; }
   void launch(const Bucket& bucket, Tensor grads) override;
   void wait(const Bucket& bucket, Tensor grads) override;
+  std::vector<std::pair<std::string, Tensor>> checkpointState() const override;
+  bool restoreCheckpointState(const std::string& name, const Tensor& value) override;
 
   struct Matrix {
     int param = 0;

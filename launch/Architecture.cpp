@@ -1,5 +1,7 @@
 #include "launch/Architecture.h"
 
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "models/gpt/Gpt.h"
@@ -55,6 +57,105 @@ std::string describeArchitecture(const Model& model, const InputSpec* images, co
     j["output"] = "logits over the first vocab_size entries";
   }
   return j.dump();
+}
+
+}  // namespace mt
+
+namespace mt {
+
+namespace {
+
+using Json = nlohmann::json;
+
+std::string shown(const Json& v) {
+  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+std::string differs(const std::string& path, const Json& stored, const Json& current) {
+  return path + ": " + shown(stored) + " in the checkpoint, " + shown(current) + " in this model";
+}
+
+// Every difference below `path`, except the keys in `skip`, into `out`.
+void diffInto(const Json& a, const Json& b, const std::string& path, const std::set<std::string>& skip,
+              std::vector<std::string>& out) {
+  if (a.is_object() && b.is_object()) {
+    std::set<std::string> keys;
+    for (const auto& kv : a.items())
+      keys.insert(kv.key());
+    for (const auto& kv : b.items())
+      keys.insert(kv.key());
+    for (const auto& k : keys) {
+      if (skip.count(k)) continue;
+      const std::string sub = path.empty() ? k : path + "." + k;
+      if (!a.contains(k))
+        out.push_back(sub + ": only in this model (" + shown(b[k]) + ")");
+      else if (!b.contains(k))
+        out.push_back(sub + ": only in the checkpoint (" + shown(a[k]) + ")");
+      else
+        diffInto(a[k], b[k], sub, skip, out);
+    }
+  } else if (a.is_array() && b.is_array() && a.size() == b.size()) {
+    for (size_t i = 0; i < a.size(); ++i)
+      diffInto(a[i], b[i], path + "[" + std::to_string(i) + "]", skip, out);
+  } else if (a != b) {
+    out.push_back(differs(path, a, b));
+  }
+}
+
+bool isDropout(const Json& layer) {
+  return layer.value("kind", "") == "dropout";
+}
+
+// The layers without dropout, and the dropout rates in order.
+std::pair<Json, Json> splitDropout(const Json& arch) {
+  Json layers = Json::array(), rates = Json::array();
+  if (arch.contains("layers") && arch["layers"].is_array())
+    for (const auto& l : arch["layers"])
+      (isDropout(l) ? rates : layers).push_back(isDropout(l) ? l.value("p", Json()) : l);
+  return {layers, rates};
+}
+
+std::string kinds(const Json& layers) {
+  std::string s;
+  for (const auto& l : layers)
+    s += (s.empty() ? "" : " ") + l.value("kind", std::string("?"));
+  return s;
+}
+
+}  // namespace
+
+ArchitectureDiff compareArchitectures(const std::string& stored, const std::string& current) {
+  ArchitectureDiff d;
+  Json a = Json::parse(stored, nullptr, false), b = Json::parse(current, nullptr, false);
+  if (!a.is_object() || !b.is_object()) {
+    if (a != b) d.changes.push_back("architecture: unreadable record");
+    return d;
+  }
+  const auto [la, ra] = splitDropout(a);
+  const auto [lb, rb] = splitDropout(b);
+  a.erase("layers");
+  b.erase("layers");
+  diffInto(a, b, "", {}, d.changes);
+  if (ra != rb) d.notes.push_back(differs("dropout (p per layer)", ra, rb));
+  if (la.size() != lb.size()) {
+    d.changes.push_back("layers: " + std::to_string(la.size()) + " in the checkpoint (" + kinds(la) + "), " +
+                        std::to_string(lb.size()) + " in this model (" + kinds(lb) + ")");
+    return d;
+  }
+  for (size_t i = 0; i < la.size(); ++i) {
+    const std::string label = "layers[" + lb[i].value("name", std::to_string(i)) + "]";
+    if (la[i].value("kind", "") != lb[i].value("kind", "")) {
+      d.changes.push_back(differs(label + ".kind", la[i].value("kind", Json()), lb[i].value("kind", Json())));
+    } else if (lb[i].value("kind", "") == "image_input") {
+      // The normalisation comes from the data (or model.input_mean/std): a note; the layout is not.
+      diffInto(la[i], lb[i], label, {"name", "scale", "mean", "std"}, d.changes);
+      diffInto(la[i], lb[i], label, {"name", "output"}, d.notes);
+    } else {
+      diffInto(la[i], lb[i], label, {"name", "params"}, d.changes);
+    }
+  }
+  return d;
 }
 
 }  // namespace mt

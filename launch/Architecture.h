@@ -4,6 +4,7 @@
 // exported file alone (docs/data-format.md, "Exported models").
 
 #include <string>
+#include <vector>
 
 #include "models/Model.h"
 #include "models/ModelConfig.h"
@@ -15,5 +16,16 @@ struct GptConfig;
 // Sequential models (mlp, cnn): the input (image shape, classes) and every layer in order with its
 // kind, attributes and parameter names. GPT: its hyper-parameters and parameter naming.
 std::string describeArchitecture(const Model& model, const InputSpec* images, const GptConfig* gpt);
+
+// How a checkpoint's architecture (`stored`) differs from this model's (`current`), one line per
+// difference ("layers[fc1].out_features: 256 in the checkpoint, 238 in this model"). `changes`:
+// another model (layers, kinds, sizes, activations, GPT hyper-parameters), which no resume may
+// load; `notes`: what a resume may change (dropout, which is not part of the model at inference,
+// and image_input's normalisation, which comes from the data). Parameter lists are left to the
+// caller's comparison of shapes.
+struct ArchitectureDiff {
+  std::vector<std::string> changes, notes;
+};
+ArchitectureDiff compareArchitectures(const std::string& stored, const std::string& current);
 
 }  // namespace mt

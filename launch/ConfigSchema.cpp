@@ -176,6 +176,9 @@ const std::vector<ConfigKey>& configSchema() {
       integer("checkpoint.keep", "3", atLeast(1), "keep the newest this many checkpoints"),
       text("checkpoint.resume", "auto", "auto (the newest valid checkpoint, if any), never, or a checkpoint directory"),
       boolean("checkpoint.at_exit", "true", "save when training ends and when SIGTERM/SIGUSR1 stops it"),
+      integer("checkpoint.timeout_s", "1800", within(1, 604800, false, false),
+              "how long ranks wait for each other while a checkpoint is written, verified or read "
+              "(dist.timeout_s bounds training steps; the health monitor names a lost rank within seconds)"),
       // topo
       text("topo.file", "",
            "NCCL topology XML of a node (NCCL_TOPO_FILE); rails, node groups and CPU affinity come from it (a file "

@@ -90,6 +90,7 @@ class Replicated final : public Parallelism {
   std::vector<BucketTrace> bucketTrace() const override { return dp_ ? dp_->lastTrace() : std::vector<BucketTrace>{}; }
   int64_t backwardEndUs() const override { return dp_ ? dp_->backwardEndUs() : wallMicros(); }
   CheckpointRole checkpointRole() const override { return {}; }
+  BucketReducer* reducer() override { return dp_ ? &dp_->reducer() : nullptr; }
   std::vector<Communicator*> groupCommunicators() override { return groupsOf(groups_.get()); }
 
  private:

@@ -68,6 +68,8 @@ class Parallelism {
   virtual std::vector<BucketTrace> bucketTrace() const = 0;
   virtual int64_t backwardEndUs() const = 0;
   virtual CheckpointRole checkpointRole() const = 0;
+  // The data-parallel gradient reducer, whose compressor state checkpoints keep; null without one.
+  virtual BucketReducer* reducer() { return nullptr; }
   // The communicators built besides the world (node groups: intra-node, inter-node), for reports.
   virtual std::vector<Communicator*> groupCommunicators() = 0;
 };

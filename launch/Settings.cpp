@@ -162,6 +162,7 @@ Settings Settings::fromConfig(const Config& c) {
   s.resume = c.str("checkpoint.resume");
   if (s.resume.empty()) c.fail("checkpoint.resume", "expected auto, never or a checkpoint directory");
   s.checkpointAtExit = c.flag("checkpoint.at_exit");
+  s.checkpointTimeout = std::chrono::seconds(c.i64("checkpoint.timeout_s"));
 
   // topo
   s.topoFile = c.str("topo.file");

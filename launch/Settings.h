@@ -59,6 +59,7 @@ struct Settings {
   std::string checkpointDir, resume = "auto";
   int64_t checkpointInterval = 0, checkpointKeep = 3;
   bool checkpointAtExit = true;
+  std::chrono::seconds checkpointTimeout{1800};  // waits while checkpoints are written or read
   // topo
   std::string topoFile, profile;
   bool hierarchical = false, bindCpus = true, bindNic = false, topoReport = false;

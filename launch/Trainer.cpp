@@ -254,13 +254,14 @@ void Trainer::setupModel() {
 }
 
 void Trainer::resumeIfAny() {
-  ckpt_ = std::make_unique<CheckpointManager>(s_.checkpointDir, static_cast<int>(s_.checkpointKeep), *world_);
-  ckpt_->setArchitecture(task_->architecture(*model_));
+  ckpt_ = std::make_unique<CheckpointManager>(s_.checkpointDir, static_cast<int>(s_.checkpointKeep), *world_,
+                                              s_.checkpointTimeout);
+  ckpt_->setIdentity({task_->architecture(*model_), s_.dataPath, s_.trainSplit, s_.globalBatch});
   ckpt_->prepare();
   if (s_.resume == "never") return;
   const std::string path = s_.resume == "auto" ? ckpt_->findLatestValid() : s_.resume;
   if (path.empty()) return;
-  TrainState st = ckpt_->load(path, parallelism_->optimizer(), model_->params().numel());
+  TrainState st = ckpt_->load(path, *parallelism_, model_->params());
   parallelism_->afterLoad();
   if (st.seed != s_.seed && world_->rank() == 0)
     MT_LOG_WARN << "checkpoint " << path << " was written with run.seed " << st.seed << ", this run uses " << s_.seed
@@ -337,8 +338,7 @@ void Trainer::saveCheckpoint(int64_t stepsDone) {
     st.scalerClean = scaler_->cleanSteps();
   }
   st.strategy = parallelism_->strategyName();
-  const CheckpointRole role = parallelism_->checkpointRole();
-  ckpt_->save(st, parallelism_->optimizer(), model_->params(), role.replicated, role.writes);
+  ckpt_->save(st, *parallelism_, model_->params());
 }
 
 LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {

@@ -217,7 +217,13 @@ int exportCommand(const std::vector<std::string>& args) {
     else throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
   }
   if (ckpt.empty() || out.empty()) throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
-  mt::CheckpointManager::exportConsolidated(ckpt, out);
+  try {  // a file already at --out is replaced only by a complete export
+    mt::exportConsolidated(ckpt, out);
+  } catch (const mt::Error&) {
+    throw;
+  } catch (const std::exception& e) {  // (the subcommands' handler takes mt::Error only)
+    throw mt::InternalError(std::string("internal: ") + e.what());
+  }
   std::printf("exported %s to %s\n", ckpt.c_str(), out.c_str());
   return 0;
 }

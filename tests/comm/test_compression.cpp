@@ -140,6 +140,44 @@ TEST_F(CompressionTest, PowerSgdErrorFeedbackKeepsWhatWasNotSent) {
   EXPECT_EQ(spreadOverRanks(t.flatGrads()), 0.0);
 }
 
+// Checkpoints (launch/Checkpoint) keep checkpointState(): a reducer restored from it reduces the
+// next step exactly as the one it was taken from; what does not fit (another rank) is refused.
+TEST_F(CompressionTest, CheckpointStateRestoresTheNextStepExactly) {
+  for (auto method : {CompressionMethod::kPowerSgd, CompressionMethod::kTopK}) {
+    ParamTable a, b;
+    makeTable(a);
+    makeTable(b);
+    CompressionOptions o;
+    o.method = method;
+    o.rank = 2;
+    o.startIter = 0;
+    o.topkFraction = 0.1;
+    auto first = makeBucketReducer(o, *comm_, a), second = makeBucketReducer(o, *comm_, b);
+    for (int step = 0; step < 3; ++step) {
+      fillGrads(a, static_cast<uint64_t>(step) + 1);
+      reduce(*first, a, step);
+    }
+    const auto state = first->checkpointState();
+    ASSERT_FALSE(state.empty());
+    for (const auto& kv : state)
+      EXPECT_TRUE(second->restoreCheckpointState(kv.first, kv.second)) << kv.first;
+    fillGrads(a, 9);
+    fillGrads(b, 9);
+    reduce(*first, a, 3);
+    reduce(*second, b, 3);
+    EXPECT_EQ(test::relErr(b.flatGrads(), a.flatGrads()), 0.0) << compressionMethodName(method);
+    EXPECT_FALSE(second->restoreCheckpointState("error/no_such_param", state[0].second));
+  }
+  ParamTable t;
+  makeTable(t);
+  CompressionOptions o;
+  o.method = CompressionMethod::kPowerSgd;
+  o.rank = 3;
+  PowerSgdReducer other(*comm_, t, o);
+  EXPECT_FALSE(other.restoreCheckpointState("q/w3", Tensor::zeros({30, 2}, DType::kF32)));  // Q of rank 2
+  EXPECT_TRUE(other.restoreCheckpointState("q/w3", Tensor::zeros({30, 3}, DType::kF32)));
+}
+
 TEST_F(CompressionTest, PowerSgdBytesShrink) {
   ParamTable t;
   t.add("big", {256, 512});
