@@ -40,6 +40,13 @@ bool isRedone(const nlohmann::json& r, int64_t step) {
   return (t == "step" || t == "eval" || t == "memory") && at->get<double>() > static_cast<double>(step);
 }
 
+// A record parsed for its top-level "type" and "step" alone: the rest is checked, not stored
+// (a long run's file holds 100k records and more).
+bool keepTypeAndStep(int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+  if (event != nlohmann::json::parse_event_t::key || depth != 1) return true;
+  return parsed == "type" || parsed == "step";
+}
+
 // `text` as `path`, whole or not at all: a temporary name, fsync, rename.
 void replaceFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
@@ -94,7 +101,7 @@ MetricsRepair MetricsWriter::repairForResume(int64_t step) {
     const std::string_view line(text.data() + pos, nl - pos);
     pos = nl + 1;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json r = nlohmann::json::parse(line, keepTypeAndStep, /*allow_exceptions=*/false);
     if (!r.is_object()) ++rep.tornLines;
     else if (isRedone(r, step)) ++rep.redoneRecords;
     else kept.append(line).push_back('\n');

@@ -14,6 +14,7 @@ RunGuard::RunGuard(MPI_Comm world, int64_t divergenceSteps) : limit_(divergenceS
 }
 
 RunGuard::~RunGuard() {
+  if (comm_ == MPI_COMM_NULL) return;
   MpiCallGuard g;
   if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);

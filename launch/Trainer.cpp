@@ -497,8 +497,10 @@ int Trainer::agreedExitCode(int code) {
 }
 
 int Trainer::run() {
-  guard_ = std::make_unique<RunGuard>(mpi_.size() > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL, s_.divergenceSteps);
+  // Rank 0 rewrites metrics.jsonl first (seconds for 100k records) while the others wait in the
+  // guard's communicator duplication, which dist.timeout_s does not bound, not in the first step.
   if (resumed_) reporter_->resumed(startStep_);
+  guard_ = std::make_unique<RunGuard>(mpi_.size() > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL, s_.divergenceSteps);
   Stopwatch total, interval;
   int64_t intervalSteps = 0;
   double intervalWait = 0.0;
