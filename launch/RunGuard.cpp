@@ -17,7 +17,7 @@ RunGuard::~RunGuard() {
   if (comm_ == MPI_COMM_NULL) return;
   MpiCallGuard g;
   if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  MPI_Comm_free(&comm_);
 }
 
 void RunGuard::submit(int64_t step, bool lossNonFinite, bool recordsFailed) {

@@ -496,6 +496,45 @@ int Trainer::agreedExitCode(int code) {
   return static_cast<int>(world_->allReduceScalar(code, ReduceOp::kMax));
 }
 
+// What ends the run after step `step` (from 0), the same on every rank: divergence or a failed
+// record write (agreed by the guard), non-finite weights at a save point, a stop signal (after its
+// checkpoint). kRunning: nothing.
+Trainer::RunEnd Trainer::endAfter(int64_t step) {
+  if (guard_->diverged()) return RunEnd::kDiverged;
+  if (guard_->recordsFailed()) return RunEnd::kRecordsFailed;
+  if (s_.checkpointInterval > 0 && (step + 1) % s_.checkpointInterval == 0 && step + 1 < totalSteps_ &&
+      guardedSave(step + 1) == SaveOutcome::kDiverged)
+    return RunEnd::kDiverged;
+  if (!(stop_ ? stop_->poll() : stopSignalled())) return RunEnd::kRunning;
+  if (world_->rank() == 0)
+    MT_LOG_WARN << "stop signal received: " << (s_.checkpointAtExit ? "saving a checkpoint and " : "")
+                << "leaving after step " << step + 1;
+  if (s_.checkpointAtExit && guardedSave(step + 1) == SaveOutcome::kDiverged) return RunEnd::kDiverged;
+  return RunEnd::kPreempted;
+}
+
+// The run's end after `stepsDone` steps: the records, the final checkpoint and evaluation of a
+// finished run, and the exit code every rank agrees on.
+int Trainer::endRun(RunEnd end, int64_t stepsDone, EvalResult last, bool evaluatedAtEnd, double wallSeconds) {
+  if (end == RunEnd::kFinished && !finalSave()) end = RunEnd::kDiverged;
+  switch (end) {
+    case RunEnd::kDiverged:
+      reporter_->diverged(stepsDone, divergenceReason(), ckpt_->dir());
+      return agreedExitCode(static_cast<int>(ExitCode::kDiverged));
+    case RunEnd::kRecordsFailed:
+      return agreedExitCode(endOnRecordsFailure(stepsDone));
+    case RunEnd::kPreempted:
+      reporter_->preempted(stepsDone, totalSteps_, runDir_);
+      return agreedExitCode(0);
+    case RunEnd::kRunning:
+    case RunEnd::kFinished:
+      break;
+  }
+  if (!evaluatedAtEnd) last = evaluate();
+  reporter_->finished(totalSteps_, totalSteps_ - startStep_, wallSeconds, last);
+  return agreedExitCode(0);
+}
+
 int Trainer::run() {
   // Rank 0 rewrites metrics.jsonl first (seconds for 100k records) while the others wait in the
   // guard's communicator duplication, which dist.timeout_s does not bound, not in the first step.
@@ -507,8 +546,8 @@ int Trainer::run() {
   EvalResult last;
   bool evaluatedAtEnd = false;
   int64_t step = startStep_;
-  RunEnd end = RunEnd::kFinished;
-  for (; step < totalSteps_; ++step) {
+  RunEnd end = RunEnd::kRunning;
+  for (; step < totalSteps_ && end == RunEnd::kRunning; ++step) {
     std::vector<Batch> micro;
     for (int64_t k = 0; k < s_.gradAccum; ++k) {
       micro.push_back(feed_ ? feed_->next() : loader_->next());
@@ -533,52 +572,16 @@ int Trainer::run() {
       intervalSteps = 0;
       intervalWait = 0.0;
     }
-    // Agreed a step or two late (RunGuard), the same on every rank.
-    end = guard_->diverged() ? RunEnd::kDiverged : guard_->recordsFailed() ? RunEnd::kRecordsFailed : end;
-    if (end != RunEnd::kFinished) {
-      ++step;
-      break;
-    }
     const bool epochEnd = (step + 1) % stepsPerEpoch() == 0;
     const bool evalNow = s_.evalInterval > 0 ? (step + 1) % s_.evalInterval == 0 : epochEnd;
-    if (s_.checkpointInterval > 0 && (step + 1) % s_.checkpointInterval == 0 && step + 1 < totalSteps_ &&
-        guardedSave(step + 1) == SaveOutcome::kDiverged) {
-      end = RunEnd::kDiverged;
-      ++step;
-      break;
-    }
-    const bool stopNow = stop_ ? stop_->poll() : stopSignalled();
-    if (stopNow) {
-      if (world_->rank() == 0)
-        MT_LOG_WARN << "stop signal received: " << (s_.checkpointAtExit ? "saving a checkpoint and " : "")
-                    << "leaving after step " << step + 1;
-      end = s_.checkpointAtExit && guardedSave(step + 1) == SaveOutcome::kDiverged ? RunEnd::kDiverged
-                                                                                   : RunEnd::kPreempted;
-      ++step;
-      break;
-    }
-    if (evalNow) {
+    end = endAfter(step);
+    if (evalNow && end == RunEnd::kRunning) {
       last = evaluate();
       evaluatedAtEnd = step + 1 == totalSteps_;
       reporter_->evaluation(step + 1, last);
     }
   }
-  if (end == RunEnd::kFinished && !finalSave()) end = RunEnd::kDiverged;
-  switch (end) {
-    case RunEnd::kDiverged:
-      reporter_->diverged(step, divergenceReason(), ckpt_->dir());
-      return agreedExitCode(static_cast<int>(ExitCode::kDiverged));
-    case RunEnd::kRecordsFailed:
-      return agreedExitCode(endOnRecordsFailure(step));
-    case RunEnd::kPreempted:
-      reporter_->preempted(step, totalSteps_, runDir_);
-      return agreedExitCode(0);
-    case RunEnd::kFinished:
-      break;
-  }
-  if (!evaluatedAtEnd) last = evaluate();
-  reporter_->finished(totalSteps_, totalSteps_ - startStep_, total.elapsed(), last);
-  return agreedExitCode(0);
+  return endRun(end == RunEnd::kRunning ? RunEnd::kFinished : end, step, last, evaluatedAtEnd, total.elapsed());
 }
 
 }  // namespace mt

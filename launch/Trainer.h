@@ -49,8 +49,8 @@ class Trainer {
   void resumeIfAny();
   void writeRunFiles();
   void saveCheckpoint(int64_t stepsDone);
-  // How the training loop ended; run() acts on it once.
-  enum class RunEnd { kFinished, kPreempted, kDiverged, kRecordsFailed };
+  // How the training loop ends: endAfter() decides after each step, endRun() acts on it once.
+  enum class RunEnd { kRunning, kFinished, kPreempted, kDiverged, kRecordsFailed };
   enum class SaveOutcome { kSaved, kSkipped, kDiverged };
   // Hands the step's loss to the divergence check (on the GPU one step late: LaggedLoss).
   void watchLoss(int64_t step, const LossStats& stats);
@@ -65,6 +65,8 @@ class Trainer {
   std::string divergenceReason() const;
   int endOnRecordsFailure(int64_t stepsDone);
   int agreedExitCode(int code);
+  RunEnd endAfter(int64_t step);
+  int endRun(RunEnd end, int64_t stepsDone, EvalResult last, bool evaluatedAtEnd, double wallSeconds);
   // One optimizer step over train.grad_accum_steps micro-batches (their gradients accumulate);
   // returns this rank's loss statistics.
   LossStats trainStep(const std::vector<Batch>& micro, int64_t step);
