@@ -10,8 +10,8 @@ namespace mt {
 
 enum class ExitCode : int {
   kOk = 0,
-  kFailure = 1,     // internal error, CUDA/NCCL/MPI failure
-  kBadInput = 2,    // config, data or checkpoint the user supplied is wrong
+  kFailure = 1,      // internal error, CUDA/NCCL/MPI failure
+  kBadInput = 2,     // config, data or checkpoint the user supplied is wrong
   kCommFailure = 3,  // timeout or lost peer: the job cannot continue
   kDiverged = 4      // training diverged: the loss stayed non-finite (train.divergence_steps)
 };

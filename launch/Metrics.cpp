@@ -50,7 +50,7 @@ bool keepTypeAndStep(int depth, nlohmann::json::parse_event_t event, nlohmann::j
 // `text` as `path`, whole or not at all: a temporary name, fsync, rename.
 void replaceFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) throw IoError("cannot create " + tmp + ": " + std::strerror(errno));
   const bool ok = writeAll(fd, text) && ::fsync(fd) == 0;
   const int err = errno;
@@ -64,7 +64,9 @@ void replaceFile(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-MetricsWriter::~MetricsWriter() { close(); }
+MetricsWriter::~MetricsWriter() {
+  close();
+}
 
 void MetricsWriter::close() {
   if (fd_ >= 0) ::close(fd_);
@@ -75,7 +77,7 @@ void MetricsWriter::open(const std::string& path, bool append) {
   close();
   path_ = path;
   error_.clear();
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0666);
   if (fd_ < 0) throw IoError("cannot open " + path + " for writing: " + std::strerror(errno));
 }
 
@@ -102,9 +104,12 @@ MetricsRepair MetricsWriter::repairForResume(int64_t step) {
     pos = nl + 1;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     const nlohmann::json r = nlohmann::json::parse(line, keepTypeAndStep, /*allow_exceptions=*/false);
-    if (!r.is_object()) ++rep.tornLines;
-    else if (isRedone(r, step)) ++rep.redoneRecords;
-    else kept.append(line).push_back('\n');
+    if (!r.is_object())
+      ++rep.tornLines;
+    else if (isRedone(r, step))
+      ++rep.redoneRecords;
+    else
+      kept.append(line).push_back('\n');
   }
   if (kept != text) replaceFile(path_, kept);
   open(path_, /*append=*/true);

@@ -17,8 +17,8 @@ namespace mt {
 
 // What resumeAt() changed in the file.
 struct MetricsRepair {
-  int64_t tornLines = 0;       // lines that were not a JSON object (a torn write of an older build)
-  int64_t redoneRecords = 0;   // step/eval/memory records of steps after the checkpoint
+  int64_t tornLines = 0;      // lines that were not a JSON object (a torn write of an older build)
+  int64_t redoneRecords = 0;  // step/eval/memory records of steps after the checkpoint
 };
 
 class MetricsWriter {

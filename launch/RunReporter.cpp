@@ -134,12 +134,16 @@ void RunReporter::resumed(int64_t step) {
   if (world_.rank() != 0) return;
   const MetricsRepair rep = metrics_.repairForResume(step);
   if (rep.tornLines > 0)
-    MT_LOG_WARN << "metrics.jsonl: dropped " << rep.tornLines << " torn line(s) (a write cut short by a kill)";
+    MT_LOG_WARN << "metrics.jsonl: dropped " << rep.tornLines
+                << " torn line(s) (a write cut short by a kill)";
   if (rep.redoneRecords > 0)
     MT_LOG_INFO << "metrics.jsonl: dropped " << rep.redoneRecords << " record(s) of steps after " << step
                 << ", trained again now";
-  metrics_.write({{"type", "resume"}, {"step", step}, {"dropped_records", rep.redoneRecords},
-                  {"torn_lines", rep.tornLines}, {"time", wallMicros() / 1e6}});
+  metrics_.write({{"type", "resume"},
+                  {"step", step},
+                  {"dropped_records", rep.redoneRecords},
+                  {"torn_lines", rep.tornLines},
+                  {"time", wallMicros() / 1e6}});
 }
 
 void RunReporter::preempted(int64_t step, int64_t totalSteps, const std::string& runDir) {
@@ -164,14 +168,18 @@ void RunReporter::diverged(int64_t step, const std::string& why, const std::stri
     const std::string n = it->path().filename().string();
     if (n.rfind("step_", 0) == 0 && n.find(".tmp-") == std::string::npos && n > newest) newest = n;
   }
-  MT_LOG_ERROR << "error: training diverged: " << why << "; stopped after step " << step
-               << " without checkpointing these weights; "
-               << (newest.empty() ? "no checkpoint was written before it"
-                                  : "the newest checkpoint is " + checkpointDir + "/" + newest)
-               << " (exit " << static_cast<int>(ExitCode::kDiverged)
-               << "). Lower optim.lr, set train.grad_clip or warm up longer (schedule.warmup_steps), then resume";
-  metrics_.write({{"type", "diverged"}, {"step", step}, {"reason", why},
-                  {"checkpoint", newest.empty() ? nlohmann::json() : nlohmann::json(checkpointDir + "/" + newest)}});
+  MT_LOG_ERROR
+      << "error: training diverged: " << why << "; stopped after step " << step
+      << " without checkpointing these weights; "
+      << (newest.empty() ? "no checkpoint was written before it"
+                         : "the newest checkpoint is " + checkpointDir + "/" + newest)
+      << " (exit " << static_cast<int>(ExitCode::kDiverged)
+      << "). Lower optim.lr, set train.grad_clip or warm up longer (schedule.warmup_steps), then resume";
+  metrics_.write(
+      {{"type", "diverged"},
+       {"step", step},
+       {"reason", why},
+       {"checkpoint", newest.empty() ? nlohmann::json() : nlohmann::json(checkpointDir + "/" + newest)}});
 }
 
 void RunReporter::finished(int64_t totalSteps, int64_t stepsTrained, double wallSeconds, const EvalResult& e) {

@@ -429,7 +429,8 @@ void Trainer::agreeOnLosses() {
 
 bool Trainer::weightsFinite() {
   std::vector<Tensor> values;
-  for (const OptimSegment& seg : parallelism_->optimizer().segments()) values.push_back(seg.value);
+  for (const OptimSegment& seg : parallelism_->optimizer().segments())
+    values.push_back(seg.value);
   // Each rank checks the weights it owns (its shards when sharded); any rank's verdict counts.
   return world_->allReduceScalar(anyNonFinite(values) ? 1.0 : 0.0, ReduceOp::kMax) == 0.0;
 }
@@ -461,7 +462,8 @@ std::string Trainer::divergenceReason() const {
 // The checkpoint at the end (checkpoint.at_exit). The end state is checked whether or not it is
 // saved: a run never ends "done" on weights that are not finite. False: it diverged.
 bool Trainer::finalSave() {
-  if (s_.checkpointAtExit && startStep_ < totalSteps_) return guardedSave(totalSteps_) != SaveOutcome::kDiverged;
+  if (s_.checkpointAtExit && startStep_ < totalSteps_)
+    return guardedSave(totalSteps_) != SaveOutcome::kDiverged;
   agreeOnLosses();
   weightsDiverged_ = !guard_->diverged() && !weightsFinite();
   return !guard_->diverged() && !weightsDiverged_;
@@ -581,7 +583,8 @@ int Trainer::run() {
       reporter_->evaluation(step + 1, last);
     }
   }
-  return endRun(end == RunEnd::kRunning ? RunEnd::kFinished : end, step, last, evaluatedAtEnd, total.elapsed());
+  return endRun(end == RunEnd::kRunning ? RunEnd::kFinished : end, step, last, evaluatedAtEnd,
+                total.elapsed());
 }
 
 }  // namespace mt

@@ -38,7 +38,8 @@ class MetricsFile : public ::testing::Test {
   std::vector<std::string> lines() const {
     std::ifstream in(path_);
     std::vector<std::string> out;
-    for (std::string l; std::getline(in, l);) out.push_back(l);
+    for (std::string l; std::getline(in, l);)
+      out.push_back(l);
     return out;
   }
   std::string dir_, path_;
@@ -60,10 +61,10 @@ TEST_F(MetricsFile, ResumeDropsTornLinesAndRedoneStepsKeepsEvents) {
   EXPECT_EQ(rep.tornLines, 1);
   EXPECT_EQ(rep.redoneRecords, 4);  // step 3, memory 3, eval 3, step 4
   w.write({{"type", "resume"}, {"step", 2}});
-  EXPECT_EQ(lines(), (std::vector<std::string>{"{\"type\":\"step\",\"step\":1,\"loss\":1}",
-                                               "{\"type\":\"eval\",\"step\":2,\"test_loss\":1}",
-                                               "{\"type\":\"preempted\",\"step\":3}",
-                                               "{\"step\":2,\"type\":\"resume\"}"}));
+  EXPECT_EQ(lines(),
+            (std::vector<std::string>{
+                "{\"type\":\"step\",\"step\":1,\"loss\":1}", "{\"type\":\"eval\",\"step\":2,\"test_loss\":1}",
+                "{\"type\":\"preempted\",\"step\":3}", "{\"step\":2,\"type\":\"resume\"}"}));
 }
 
 TEST_F(MetricsFile, ResumeKeepsALastRecordThatOnlyLacksItsNewline) {
@@ -88,7 +89,8 @@ TEST(MetricsWriter, AFailedWriteDoesNotThrowAndSaysWhy) {
   MetricsWriter w;
   w.open("/dev/full", false);
   EXPECT_NO_THROW(w.write({{"type", "step"}, {"step", 1}}));
-  EXPECT_NE(w.error().find("writing /dev/full failed: No space left on device"), std::string::npos) << w.error();
+  EXPECT_NE(w.error().find("writing /dev/full failed: No space left on device"), std::string::npos)
+      << w.error();
   const std::string first = w.error();
   w.write({{"type", "step"}, {"step", 2}});  // nothing more is tried; the first failure stays
   EXPECT_EQ(w.error(), first);
