@@ -10,9 +10,10 @@ namespace mt {
 
 enum class ExitCode : int {
   kOk = 0,
-  kFailure = 1,     // internal error, CUDA/NCCL/MPI failure
-  kBadInput = 2,    // config, data or checkpoint the user supplied is wrong
-  kCommFailure = 3  // timeout or lost peer: the job cannot continue
+  kFailure = 1,      // internal error, CUDA/NCCL/MPI failure
+  kBadInput = 2,     // config, data or checkpoint the user supplied is wrong
+  kCommFailure = 3,  // timeout or lost peer: the job cannot continue
+  kDiverged = 4      // training diverged: the loss stayed non-finite (train.divergence_steps)
 };
 
 class Error : public std::runtime_error {

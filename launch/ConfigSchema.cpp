@@ -121,6 +121,9 @@ const std::vector<ConfigKey>& configSchema() {
       integer("train.memory_cap_mb", "0", kNonNegative,
               "cuda: cap on GPU memory the caching allocator may reserve (0: none)"),
       real("train.grad_clip", "0", kNonNegative, "clip the global gradient norm to this (0: off)"),
+      integer("train.divergence_steps", "3", atLeast(1),
+              "consecutive steps with a non-finite loss that stop the run as diverged (exit 4; no checkpoint of "
+              "non-finite weights is ever written)"),
       integer("train.eval_batches", "20", kPositive, "gpt: batches of the test split per evaluation"),
       real("train.peak_flops", "989e12", kPositive, "peak FLOP/s per GPU for the MFU figure (H100/H200 dense bf16)"),
       // optim

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/Allocator.h"
 #include "core/Log.h"
@@ -9,6 +10,8 @@
 #include "launch/Evaluator.h"
 
 namespace mt {
+
+namespace fs = std::filesystem;
 
 RunReporter::RunReporter(const Task& task, Communicator& world, const std::string& runDir, bool resumed, bool trace)
     : task_(task), world_(world) {
@@ -127,6 +130,22 @@ void RunReporter::evaluation(int64_t step, const EvalResult& e) {
                   {"count", e.count}});
 }
 
+void RunReporter::resumed(int64_t step) {
+  if (world_.rank() != 0) return;
+  const MetricsRepair rep = metrics_.repairForResume(step);
+  if (rep.tornLines > 0)
+    MT_LOG_WARN << "metrics.jsonl: dropped " << rep.tornLines
+                << " torn line(s) (a write cut short by a kill)";
+  if (rep.redoneRecords > 0)
+    MT_LOG_INFO << "metrics.jsonl: dropped " << rep.redoneRecords << " record(s) of steps after " << step
+                << ", trained again now";
+  metrics_.write({{"type", "resume"},
+                  {"step", step},
+                  {"dropped_records", rep.redoneRecords},
+                  {"torn_lines", rep.tornLines},
+                  {"time", wallMicros() / 1e6}});
+}
+
 void RunReporter::preempted(int64_t step, int64_t totalSteps, const std::string& runDir) {
   if (world_.rank() != 0) return;
   std::printf("preempted at step %lld of %lld; resume with the same command\n", static_cast<long long>(step),
@@ -136,6 +155,31 @@ void RunReporter::preempted(int64_t step, int64_t totalSteps, const std::string&
   // For job scripts: this run stopped early on a signal and can be resumed (requeued).
   std::ofstream marker(runDir + "/PREEMPTED");
   marker << step << "\n";
+  marker.close();
+  if (!marker) markerError_ = "writing " + runDir + "/PREEMPTED failed (job scripts requeue on it)";
+}
+
+void RunReporter::diverged(int64_t step, const std::string& why, const std::string& checkpointDir) {
+  if (world_.rank() != 0) return;
+  // Checkpoint directories are step_<zero-padded step>: the greatest name is the newest.
+  std::string newest;
+  std::error_code ec;
+  for (fs::directory_iterator it(checkpointDir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.rfind("step_", 0) == 0 && n.find(".tmp-") == std::string::npos && n > newest) newest = n;
+  }
+  MT_LOG_ERROR
+      << "error: training diverged: " << why << "; stopped after step " << step
+      << " without checkpointing these weights; "
+      << (newest.empty() ? "no checkpoint was written before it"
+                         : "the newest checkpoint is " + checkpointDir + "/" + newest)
+      << " (exit " << static_cast<int>(ExitCode::kDiverged)
+      << "). Lower optim.lr, set train.grad_clip or warm up longer (schedule.warmup_steps), then resume";
+  metrics_.write(
+      {{"type", "diverged"},
+       {"step", step},
+       {"reason", why},
+       {"checkpoint", newest.empty() ? nlohmann::json() : nlohmann::json(checkpointDir + "/" + newest)}});
 }
 
 void RunReporter::finished(int64_t totalSteps, int64_t stepsTrained, double wallSeconds, const EvalResult& e) {

@@ -45,7 +45,15 @@ class RunReporter {
   // Every rank's memory account (`m`, activation peak folded in). Collective.
   void memory(int64_t step, const MemoryAccount& m, const std::string& strategy, int64_t numParams);
   void evaluation(int64_t step, const EvalResult& e);  // rank 0 logs and records
+  // Continuing a run from its checkpoint after `step` steps: metrics.jsonl loses its torn lines
+  // and the records of later steps (trained again now), and gains a "resume" record. Rank 0.
+  void resumed(int64_t step);
   void preempted(int64_t step, int64_t totalSteps, const std::string& runDir);
+  // The run stopped after `step` steps because it diverged (`why`); the newest checkpoint in
+  // checkpointDir is named as the one to resume from. Rank 0 logs and records.
+  void diverged(int64_t step, const std::string& why, const std::string& checkpointDir);
+  // Empty while the run's records were written, else why not (rank 0: metrics.jsonl, PREEMPTED).
+  std::string recordsError() const { return metrics_.error().empty() ? markerError_ : metrics_.error(); }
   void finished(int64_t totalSteps, int64_t stepsTrained, double wallSeconds, const EvalResult& e);
   bool tracing() const { return trace_ != nullptr; }
   // This rank's trace line of a step: backward's span, the batch's samples, the buckets' times.
@@ -56,6 +64,7 @@ class RunReporter {
   const Task& task_;
   Communicator& world_;
   MetricsWriter metrics_;
+  std::string markerError_;
   std::unique_ptr<std::ofstream> trace_;
 };
 

@@ -101,6 +101,7 @@ Settings Settings::fromConfig(const Config& c) {
   if (s.precision != "f32" && s.device != "cuda") c.fail("train.precision", "bf16 and f16 need train.device = cuda");
   s.memoryCapMb = c.i64("train.memory_cap_mb");
   s.gradClip = static_cast<float>(c.f64("train.grad_clip"));
+  s.divergenceSteps = c.i64("train.divergence_steps");
   s.evalBatches = c.i64("train.eval_batches");
   s.peakFlops = c.f64("train.peak_flops");
 

@@ -42,6 +42,7 @@ struct Settings {
   std::string precision = "f32";
   int64_t memoryCapMb = 0;
   float gradClip = 0.f;
+  int64_t divergenceSteps = 3;  // consecutive non-finite losses that end the run (exit 4)
   int64_t evalBatches = 20;
   double peakFlops = 989e12;
   // optim + schedule (totalSteps filled in once the data is known)

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "comm/MpiCommunicator.h"
@@ -12,6 +13,7 @@
 #include "core/Log.h"
 #include "core/Threads.h"
 #include "core/Timer.h"
+#include "core/optim/LossScaler.h"
 #include "launch/Failure.h"
 #include "launch/NcclReport.h"
 #include "launch/SetupAgreement.h"
@@ -22,6 +24,7 @@
 #include "core/cuda/CudaMemory.h"
 #include "core/cuda/CudaRuntime.h"
 #include "core/cuda/DeviceBinding.h"
+#include "core/cuda/CudaStream.h"
 #endif
 
 namespace mt {
@@ -443,15 +446,174 @@ EvalResult Trainer::evaluate() {
   return evaluator_->run(*model_, *parallelism_, *world_);
 }
 
+// On the GPU the divergence check reads a step's loss one step late, once the next step is queued
+// behind it: the host waits for that step alone (an event) and copies on a stream of its own, so
+// nothing queued after the step is waited for (reading it at once would drain the queue every
+// step, the stall the deferred loss exists to avoid).
+struct Trainer::LaggedLoss {
+  int64_t step = -1;  // -1: none waiting
+  LossStats stats;
+#ifdef MT_WITH_CUDA
+  CudaEvent done;
+  CudaStream reader;
+#endif
+};
+
+void Trainer::watchLoss(int64_t step, const LossStats& stats) {
+  if (lagged_ && lagged_->step >= 0) submitLaggedLoss();
+  if (!device_.isCuda() || stats.pending.empty()) {
+    guard_->submit(step, !std::isfinite(stats.resolved().lossSum), !reporter_->recordsError().empty());
+    return;
+  }
+#ifdef MT_WITH_CUDA
+  if (!lagged_) lagged_ = std::make_unique<LaggedLoss>();
+  lagged_->step = step;
+  lagged_->stats = stats;
+  lagged_->done.record(currentStream());
+#endif
+}
+
+void Trainer::submitLaggedLoss() {
+  LossStats loss;
+#ifdef MT_WITH_CUDA
+  lagged_->done.synchronize();
+  StreamGuard onReader(lagged_->reader.get());
+  loss = lagged_->stats.resolved();
+#endif
+  guard_->submit(lagged_->step, !std::isfinite(loss.lossSum), !reporter_->recordsError().empty());
+  lagged_->step = -1;
+  lagged_->stats = LossStats();
+}
+
+void Trainer::agreeOnLosses() {
+  if (lagged_ && lagged_->step >= 0) submitLaggedLoss();
+  guard_->flush();
+}
+
+bool Trainer::weightsFinite() {
+  std::vector<Tensor> values;
+  for (const OptimSegment& seg : parallelism_->optimizer().segments())
+    values.push_back(seg.value);
+  // Each rank checks the weights it owns (its shards when sharded); any rank's verdict counts.
+  return world_->allReduceScalar(anyNonFinite(values) ? 1.0 : 0.0, ReduceOp::kMax) == 0.0;
+}
+
+Trainer::SaveOutcome Trainer::guardedSave(int64_t stepsDone) {
+  agreeOnLosses();
+  if (guard_->diverged()) return SaveOutcome::kDiverged;
+  if (guard_->streak() > 0) {
+    if (world_->rank() == 0)
+      MT_LOG_WARN << "step " << stepsDone << ": the loss of the last " << guard_->streak()
+                  << " step(s) was not finite: no checkpoint of these weights (the older ones stay)";
+    return SaveOutcome::kSkipped;
+  }
+  if (!weightsFinite()) {
+    weightsDiverged_ = true;
+    return SaveOutcome::kDiverged;
+  }
+  saveCheckpoint(stepsDone);
+  return SaveOutcome::kSaved;
+}
+
+std::string Trainer::divergenceReason() const {
+  if (weightsDiverged_) return "the weights are not finite";
+  return "the loss was not finite for " + std::to_string(guard_->streak()) + " consecutive steps (steps " +
+         std::to_string(guard_->streakStart() + 1) + " to " + std::to_string(guard_->lastAgreedStep() + 1) +
+         "; train.divergence_steps = " + std::to_string(guard_->limit()) + ")";
+}
+
+// The checkpoint at the end (checkpoint.at_exit). The end state is checked whether or not it is
+// saved: a run never ends "done" on weights that are not finite. False: it diverged.
+bool Trainer::finalSave() {
+  if (s_.checkpointAtExit && startStep_ < totalSteps_)
+    return guardedSave(totalSteps_) != SaveOutcome::kDiverged;
+  agreeOnLosses();
+  weightsDiverged_ = !guard_->diverged() && !weightsFinite();
+  return !guard_->diverged() && !weightsDiverged_;
+}
+
+// After a failed write of the run's records: a checkpoint first (checkpoint.dir may well be on a
+// healthy disk), then the run ends with the error.
+int Trainer::endOnRecordsFailure(int64_t stepsDone) {
+  const SaveOutcome saved = guardedSave(stepsDone);
+  if (saved == SaveOutcome::kDiverged) {
+    reporter_->diverged(stepsDone, divergenceReason(), ckpt_->dir());
+    return static_cast<int>(ExitCode::kDiverged);
+  }
+  if (world_->rank() == 0)
+    MT_LOG_ERROR << "error: " << reporter_->recordsError() << "; "
+                 << (saved == SaveOutcome::kSaved
+                         ? "saved a checkpoint of step " + std::to_string(stepsDone) + " to " + ckpt_->dir() +
+                               ": resume from it once " + runDir_ + " can be written again"
+                         : std::string("no checkpoint saved: the loss of the last steps was not finite"))
+                 << " (exit " << static_cast<int>(ExitCode::kFailure) << ")";
+  return static_cast<int>(ExitCode::kFailure);
+}
+
+// Every rank ends with the same code: the worst of the ranks', where a record rank 0 could not
+// write (metrics.jsonl, PREEMPTED) makes a success 1.
+int Trainer::agreedExitCode(int code) {
+  const std::string failed = reporter_->recordsError();
+  if (!failed.empty() && code == 0) {
+    MT_LOG_ERROR << "error: " << failed;
+    code = static_cast<int>(ExitCode::kFailure);
+  }
+  return static_cast<int>(world_->allReduceScalar(code, ReduceOp::kMax));
+}
+
+// What ends the run after step `step` (from 0), the same on every rank: divergence or a failed
+// record write (agreed by the guard), non-finite weights at a save point, a stop signal (after its
+// checkpoint). kRunning: nothing.
+Trainer::RunEnd Trainer::endAfter(int64_t step) {
+  if (guard_->diverged()) return RunEnd::kDiverged;
+  if (guard_->recordsFailed()) return RunEnd::kRecordsFailed;
+  if (s_.checkpointInterval > 0 && (step + 1) % s_.checkpointInterval == 0 && step + 1 < totalSteps_ &&
+      guardedSave(step + 1) == SaveOutcome::kDiverged)
+    return RunEnd::kDiverged;
+  if (!(stop_ ? stop_->poll() : stopSignalled())) return RunEnd::kRunning;
+  if (world_->rank() == 0)
+    MT_LOG_WARN << "stop signal received: " << (s_.checkpointAtExit ? "saving a checkpoint and " : "")
+                << "leaving after step " << step + 1;
+  if (s_.checkpointAtExit && guardedSave(step + 1) == SaveOutcome::kDiverged) return RunEnd::kDiverged;
+  return RunEnd::kPreempted;
+}
+
+// The run's end after `stepsDone` steps: the records, the final checkpoint and evaluation of a
+// finished run, and the exit code every rank agrees on.
+int Trainer::endRun(RunEnd end, int64_t stepsDone, EvalResult last, bool evaluatedAtEnd, double wallSeconds) {
+  if (end == RunEnd::kFinished && !finalSave()) end = RunEnd::kDiverged;
+  switch (end) {
+    case RunEnd::kDiverged:
+      reporter_->diverged(stepsDone, divergenceReason(), ckpt_->dir());
+      return agreedExitCode(static_cast<int>(ExitCode::kDiverged));
+    case RunEnd::kRecordsFailed:
+      return agreedExitCode(endOnRecordsFailure(stepsDone));
+    case RunEnd::kPreempted:
+      reporter_->preempted(stepsDone, totalSteps_, runDir_);
+      adviseResume();
+      return agreedExitCode(0);
+    case RunEnd::kRunning:
+    case RunEnd::kFinished:
+      break;
+  }
+  if (!evaluatedAtEnd) last = evaluate();
+  reporter_->finished(totalSteps_, totalSteps_ - startStep_, wallSeconds, last);
+  return agreedExitCode(0);
+}
+
 int Trainer::run() {
+  // Rank 0 rewrites metrics.jsonl first (seconds for 100k records) while the others wait in the
+  // guard's communicator duplication, which dist.timeout_s does not bound, not in the first step.
+  if (resumed_) reporter_->resumed(startStep_);
+  guard_ = std::make_unique<RunGuard>(mpi_.size() > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL, s_.divergenceSteps);
   Stopwatch total, interval;
   int64_t intervalSteps = 0;
   double intervalWait = 0.0;
   EvalResult last;
   bool evaluatedAtEnd = false;
   int64_t step = startStep_;
-  bool preempted = false;
-  for (; step < totalSteps_; ++step) {
+  RunEnd end = RunEnd::kRunning;
+  for (; step < totalSteps_ && end == RunEnd::kRunning; ++step) {
     std::vector<Batch> micro;
     for (int64_t k = 0; k < s_.gradAccum; ++k) {
       micro.push_back(feed_ ? feed_->next() : loader_->next());
@@ -464,6 +626,7 @@ int Trainer::run() {
     LossStats stats = trainStep(micro, step);
     const bool logNow = (step + 1) % s_.logInterval == 0 || step + 1 == totalSteps_;
     if (first || logNow) stats = stats.resolved();  // (an out-of-range target is raised here)
+    watchLoss(step, stats);
     if (first) {
       if (world_->rank() == 0) MT_LOG_INFO << "first step done in " << firstStep.elapsed() << " s";
       reportMemory(step + 1);
@@ -477,35 +640,15 @@ int Trainer::run() {
     }
     const bool epochEnd = (step + 1) % stepsPerEpoch() == 0;
     const bool evalNow = s_.evalInterval > 0 ? (step + 1) % s_.evalInterval == 0 : epochEnd;
-    if (s_.checkpointInterval > 0 && (step + 1) % s_.checkpointInterval == 0 && step + 1 < totalSteps_)
-      saveCheckpoint(step + 1);
-    const bool stopNow = stop_ ? stop_->poll() : stopSignalled();
-    if (stopNow) {
-      if (world_->rank() == 0)
-        MT_LOG_WARN << "stop signal received: " << (s_.checkpointAtExit ? "saving a checkpoint and " : "")
-                    << "leaving after step " << step + 1;
-      if (s_.checkpointAtExit) saveCheckpoint(step + 1);
-      preempted = true;
-      ++step;
-      break;
-    }
-    if (evalNow) {
+    end = endAfter(step);
+    if (evalNow && end == RunEnd::kRunning) {
       last = evaluate();
       evaluatedAtEnd = step + 1 == totalSteps_;
       reporter_->evaluation(step + 1, last);
     }
   }
-  if (preempted) {
-    reporter_->preempted(step, totalSteps_, runDir_);
-    adviseResume();
-    world_->barrierSync();
-    return 0;
-  }
-  if (s_.checkpointAtExit && startStep_ < totalSteps_) saveCheckpoint(totalSteps_);
-  if (!evaluatedAtEnd) last = evaluate();
-  reporter_->finished(totalSteps_, totalSteps_ - startStep_, total.elapsed(), last);
-  world_->barrierSync();
-  return 0;
+  return endRun(end == RunEnd::kRunning ? RunEnd::kFinished : end, step, last, evaluatedAtEnd,
+                total.elapsed());
 }
 
 }  // namespace mt

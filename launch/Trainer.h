@@ -19,6 +19,7 @@
 #include "launch/Parallelism.h"
 #include "launch/RankDiscovery.h"
 #include "launch/RunDirectory.h"
+#include "launch/RunGuard.h"
 #include "launch/RunReporter.h"
 #include "launch/Settings.h"
 #include "launch/Signals.h"
@@ -54,6 +55,24 @@ class Trainer {
   // After a preemption: how to resume when the same command would not (checkpoint.resume != auto).
   void adviseResume() const;
   void saveCheckpoint(int64_t stepsDone);
+  // How the training loop ends: endAfter() decides after each step, endRun() acts on it once.
+  enum class RunEnd { kRunning, kFinished, kPreempted, kDiverged, kRecordsFailed };
+  enum class SaveOutcome { kSaved, kSkipped, kDiverged };
+  // Hands the step's loss to the divergence check (on the GPU one step late: LaggedLoss).
+  void watchLoss(int64_t step, const LossStats& stats);
+  void submitLaggedLoss();
+  // Every rank agrees on the loss of every step so far (a save point: the step is synchronous there).
+  void agreeOnLosses();
+  bool weightsFinite();  // collective
+  // A checkpoint after `stepsDone` steps unless the loss of the last steps or the weights are not
+  // finite (kSkipped / kDiverged): a diverged run never replaces the good checkpoints. Collective.
+  SaveOutcome guardedSave(int64_t stepsDone);
+  bool finalSave();
+  std::string divergenceReason() const;
+  int endOnRecordsFailure(int64_t stepsDone);
+  int agreedExitCode(int code);
+  RunEnd endAfter(int64_t step);
+  int endRun(RunEnd end, int64_t stepsDone, EvalResult last, bool evaluatedAtEnd, double wallSeconds);
   // One optimizer step over train.grad_accum_steps micro-batches (their gradients accumulate);
   // returns this rank's loss statistics.
   LossStats trainStep(const std::vector<Batch>& micro, int64_t step);
@@ -92,6 +111,10 @@ class Trainer {
   LrSchedule schedule_;
   std::unique_ptr<CheckpointManager> ckpt_;
   std::unique_ptr<StopAgreement> stop_;
+  std::unique_ptr<RunGuard> guard_;  // made by run(): every rank is past setup there
+  struct LaggedLoss;
+  std::unique_ptr<LaggedLoss> lagged_;
+  bool weightsDiverged_ = false;  // a save point found non-finite weights
   int64_t startStep_ = 0;
   int64_t activationPeak_ = 0;
   bool resumed_ = false;

@@ -10,28 +10,35 @@
 
 namespace mt {
 
-bool anyNonFiniteGrad(const std::vector<OptimSegment>& segs) {
+bool anyNonFinite(const std::vector<Tensor>& ts) {
   std::vector<Tensor> device;
   bool found = false;
-  for (const auto& s : segs) {
-    if (!s.grad.device().isCpu()) {
-      device.push_back(s.grad);
+  for (const Tensor& t : ts) {
+    if (!t.device().isCpu()) {
+      device.push_back(t);
       continue;
     }
-    if (s.grad.dtype() == DType::kBF16) {
-      const BFloat16* g = s.grad.data<BFloat16>();
-      for (int64_t i = 0; i < s.grad.numel() && !found; ++i) found = !std::isfinite(static_cast<float>(g[i]));
+    if (t.dtype() == DType::kBF16) {
+      const BFloat16* g = t.data<BFloat16>();
+      for (int64_t i = 0; i < t.numel() && !found; ++i) found = !std::isfinite(static_cast<float>(g[i]));
       continue;
     }
-    const float* g = s.grad.data<float>();
-    for (int64_t i = 0; i < s.grad.numel() && !found; ++i) found = !std::isfinite(g[i]);
+    const float* g = t.data<float>();
+    for (int64_t i = 0; i < t.numel() && !found; ++i) found = !std::isfinite(g[i]);
   }
 #ifdef MT_WITH_CUDA
   if (!found && !device.empty()) found = cuda::anyNonFinite(device);
 #else
-  MT_CHECK(device.empty(), "device gradients in a build without CUDA");
+  MT_CHECK(device.empty(), "device tensors in a build without CUDA");
 #endif
   return found;
+}
+
+bool anyNonFiniteGrad(const std::vector<OptimSegment>& segs) {
+  std::vector<Tensor> grads;
+  grads.reserve(segs.size());
+  for (const auto& s : segs) grads.push_back(s.grad);
+  return anyNonFinite(grads);
 }
 
 bool LossScaler::unscaleAndCheck(const std::vector<OptimSegment>& segs, const std::function<bool(bool)>& anyRank) {

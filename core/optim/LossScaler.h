@@ -44,6 +44,8 @@ class LossScaler {
   int64_t skipped_ = 0;
 };
 
+// Whether any element of the tensors (f32 or bf16, any device) is inf or nan (this rank only).
+bool anyNonFinite(const std::vector<Tensor>& ts);
 // Whether any gradient element of the segments is inf or nan (this rank only).
 bool anyNonFiniteGrad(const std::vector<OptimSegment>& segs);
 

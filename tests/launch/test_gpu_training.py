@@ -3,7 +3,8 @@
  - f32 GPU, a 1-rank NCCL run and a 2-rank MPI-backend run on one GPU each match the CPU loss
    curve of the same global batch (50 steps, relative 1e-4);
  - the uvm and device data feeds give the pinned feed's losses; compressed all-reduce trains;
- - f16 with dynamic loss scaling trains;
+ - f16 with dynamic loss scaling trains, its skipped steps not taken for divergence; divergence
+   (f32, bf16) stops with exit 4 and no checkpoint;
  - sharding.offload = cpu (the pipelined ZeRO-Offload) matches the CPU curve, with a clip too, and
    its delayed parameter update trains;
  - configs/fashion_cnn.ini reaches >= 0.91 test accuracy on the GPU (samples/s printed)."""
@@ -169,12 +170,29 @@ class GpuTraining(unittest.TestCase):
 
     def test_f16_loss_scaling_trains(self):
         with tempfile.TemporaryDirectory() as d:
+            # divergence_steps = 1: a step the scaler skips (inf/nan gradients) is not divergence.
             out = run(1, ["--train.device=cuda", "--train.precision=f16", "--train.max_steps=300",
-                          "--run.log_interval=50", f"--run.dir={d}", "--run.name=f16"])
+                          "--run.log_interval=50", f"--run.dir={d}", "--run.name=f16",
+                          "--train.divergence_steps=1"])
             steps = [r for r in records(d, "f16") if r["type"] == "step"]
             self.assertLess(steps[-1]["loss"], steps[0]["loss"])
             m = re.search(r"final test_accuracy=(\d\.\d+)", out)
             self.assertGreater(float(m.group(1)), 0.80)
+            print(f"f16: {out.count('step skipped')} step(s) skipped by the loss scaler, none counted as divergence")
+
+    def test_divergence_stops_with_exit_4(self):
+        # The loss is read one step late on the GPU (an event, a stream of its own): still caught.
+        for precision in ("f32", "bf16"):
+            with tempfile.TemporaryDirectory() as d:
+                cmd = [TRAINER, f"--data.path={FASHION}", "--train.device=cuda", f"--train.precision={precision}",
+                       "--model.hidden=32,32,32", "--optim.lr=1e10", "--train.max_steps=200",
+                       "--checkpoint.interval=50", f"--run.dir={d}", "--run.name=div"]
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                self.assertEqual(p.returncode, 4, p.stdout[-2000:] + p.stderr[-2000:])
+                self.assertIn("training diverged", p.stderr)
+                stop = [r for r in records(d, "div") if r["type"] == "diverged"][0]["step"]
+                self.assertLess(stop, 12, precision)
+                self.assertEqual(os.listdir(os.path.join(d, "div", "checkpoints")), [], precision)
 
     def test_fashion_cnn_accuracy(self):
         with tempfile.TemporaryDirectory() as d:
