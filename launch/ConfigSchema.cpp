@@ -164,7 +164,8 @@ const std::vector<ConfigKey>& configSchema() {
       boolean("sharding.delayed_update", "false",
               "offload = cpu: the CPU step of one iteration runs during the next one's forward and backward, "
               "which use the parameters one step older (DeepSpeed's delayed parameter update)"),
-      integer("sharding.prefetch_limit", "2", atLeast(1), "units gathered at once (the current one and the prefetched)"),
+      integer("sharding.prefetch_limit", "2", atLeast(1),
+              "the unit computing plus all-gathers in flight (units kept gathered for backward do not count)"),
       choice("sharding.param_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype parameters are all-gathered in"),
       choice("sharding.reduce_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype gradients are reduce-scattered in"),
       // checkpoint
