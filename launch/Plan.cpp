@@ -92,7 +92,7 @@ int planCommand(const std::vector<std::string>& args) {
   H5File file = H5File::open(s.dataPath, FileLocking::kAuto);
   int64_t P = 0, largestUnit = 0, secondUnit = 0;
   ActivationPlan act;
-  std::string modelName;
+  std::string modelName, transients = "backward transients (largest layer)";
   if (s.model.type == "gpt") {
     TokenDataset train(file, s.trainSplit, s.gpt.maxT, 1);
     const GptConfig g = s.gptForData(train.vocabSize(), cfg);
@@ -101,6 +101,7 @@ int planCommand(const std::vector<std::string>& args) {
     largestUnit = std::max(g.paddedVocab * C + g.maxT * C, 12 * C * C + 13 * C);
     secondUnit = 12 * C * C + 13 * C;
     act = Gpt::planActivations(g, micro, g.maxT, pc, /*keepWeightCasts=*/!sharded);
+    if (g.checkpointedBlocks() > 0) transients = "backward transients (largest layer + the block recomputed)";
     modelName = "gpt (" + std::to_string(g.layers) + " x " + std::to_string(C) + ", vocabulary " +
                 std::to_string(g.vocab) + ")";
   } else {
@@ -138,7 +139,7 @@ int planCommand(const std::vector<std::string>& args) {
     rows.push_back({"unit gradient being reduce-scattered", largestUnit * 4, true});
   }
   for (const auto& kv : act.byKind) rows.push_back({"activations: " + kv.first, kv.second, true});
-  rows.push_back({"backward transients (largest layer)", act.transientBytes, true});
+  rows.push_back({transients, act.transientBytes, true});
   if (cuda) rows.push_back({"cuBLASLt workspace", int64_t{32} << 20, true});
 
   int64_t device = 0, host = 0;
