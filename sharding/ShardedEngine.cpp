@@ -154,8 +154,12 @@ void ShardedEngine::makeReady(int u) {
 // over: they cost no gather and are not in flight.
 void ShardedEngine::prefetch(int from, int step) {
   const int n = static_cast<int>(units_.size());
-  for (int v = from + step; v >= 0 && v < n && 1 + gathersInFlight() < opt_.prefetchLimit; v += step)
-    if (units_[static_cast<size_t>(v)].state() == UnitState::kSharded) gather(v);
+  int inFlight = gathersInFlight();
+  for (int v = from + step; v >= 0 && v < n && 1 + inFlight < opt_.prefetchLimit; v += step) {
+    if (units_[static_cast<size_t>(v)].state() != UnitState::kSharded) continue;
+    gather(v);
+    ++inFlight;
+  }
 }
 
 void ShardedEngine::beginStep() {

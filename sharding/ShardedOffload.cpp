@@ -151,7 +151,8 @@ void ShardedEngine::offloadWorker() {
         // Delayed update: packed now, sent at the next step() (the training thread only enqueues).
         if (job.upload)
           uploadParams(static_cast<int>(ui));
-        else packParams(static_cast<int>(ui));
+        else
+          packParams(static_cast<int>(ui));
         o.jobs.unitsDone(ui + 1);
       }
     } catch (...) {

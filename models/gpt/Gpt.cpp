@@ -321,7 +321,7 @@ void Gpt::backward(Context& ctx) {
 }
 
 ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, const PlanContext& pc,
-                                    bool keepWeightCasts) {
+                                    bool sharded) {
   const int64_t C = cfg.channels, N = B * T, H = cfg.heads;
   const bool low = pc.matmul != DType::kF32;
   const int64_t a = low ? static_cast<int64_t>(dtypeSize(pc.matmul)) : 4;  // activations a GEMM reads
@@ -334,7 +334,7 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
   const int64_t residual = 2 * N * C * 4 + 2 * 2 * N * 4, lnOut = 2 * N * C * a, qkv = 3 * N * C * a;
   const int64_t att = low ? B * H * ((T + 3) / 4 * 4) * 4 : B * H * T * T * 4;  // lse, or P [B,H,T,T]
   const int64_t attention = N * C * a + att, mlp = 2 * 4 * N * C * a,
-                casts = low && keepWeightCasts ? 12 * C * C * a : 0;
+                casts = low && !sharded ? 12 * C * C * a : 0;
   if (L > 0) {
     p.add("residual (layernorm inputs)", L * residual);
     p.add("layernorm outputs", L * lnOut);
@@ -350,7 +350,9 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
     p.add(
         std::string("checkpointed blocks (") + enumName(activationCheckpointings(), cfg.checkpointing) + ")",
         ck * kept);
-  p.add("final layernorm + classifier gradient", N * C * 4 + 2 * N * 4 + N * C * a);
+  // lnf's input and statistics, the classifier's input gradient; sharded, wte's classifier gradient.
+  p.add("final layernorm + classifier gradient",
+        N * C * 4 + 2 * N * 4 + N * C * a + (sharded ? cfg.paddedVocab * C * 4 : 0));
   // Backward: the classifier's logits chunk exists in forward only; backward's largest
   // temporaries are fc's input gradient, dpre and the dqkv / flash workspace of one block, on top
   // of the block being recomputed (all of its activations but what it kept) where one is.

@@ -86,10 +86,11 @@ class Gpt final : public Model {
   // What a training forward of B x T tokens keeps, without building or allocating anything: the
   // bf16 path on the GPU in reduced precision, the f32 path (reference attention's T x T
   // probabilities) otherwise; checkpointed blocks keep what cfg.checkpointing says, and the block
-  // backward recomputes counts as a backward transient. keepWeightCasts: Linear weights' casts
-  // kept for backward.
+  // backward recomputes counts as a backward transient. sharded: the hooks hand out gradient
+  // buffers in backward only (sharding): Linear weights' casts are not kept for backward, and wte's
+  // classifier gradient waits in a buffer of its own from forward to backward.
   static ActivationPlan planActivations(const GptConfig& cfg, int64_t B, int64_t T, const PlanContext& pc,
-                                        bool keepWeightCasts);
+                                        bool sharded);
   void clearActivations() override;
 
  private:

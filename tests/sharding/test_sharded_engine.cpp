@@ -97,6 +97,16 @@ class GatherCounter final : public Communicator {
   Communicator& inner_;
 };
 
+// The model the prefetch tests drive: six units (linear layers), initialised.
+std::unique_ptr<Sequential> sixUnitMlp() {
+  ModelConfig mc;
+  mc.hidden = {9, 9, 9, 9, 9};
+  auto model = buildMlp(mc, InputSpec{3, 3, 1, 4});
+  model->params().materialize(Device::cpu());
+  model->initParams(5);
+  return model;
+}
+
 // Prefetching keeps going through the whole forward: when unit u's forward starts, unit u+1's
 // all-gather is already issued (prefetch_limit = 2: the current unit and one in flight). Units that
 // shard_grad_op keeps gathered for their backward are not gathers in flight and must not stop it
@@ -107,11 +117,7 @@ TEST(ShardedEngine, PrefetchCountsOnlyGathersInFlight) {
   for (ShardStrategy strategy : {ShardStrategy::kFullShard, ShardStrategy::kShardGradOp})
     for (int limit : {1, 2}) {
       SCOPED_TRACE(std::string(shardStrategyName(strategy)) + ", prefetch_limit " + std::to_string(limit));
-      ModelConfig mc;
-      mc.hidden = {9, 9, 9, 9, 9};
-      auto model = buildMlp(mc, InputSpec{3, 3, 1, 4});
-      model->params().materialize(Device::cpu());
-      model->initParams(5);
+      auto model = sixUnitMlp();
       GatherCounter comm(world);
       ShardingOptions so;
       so.strategy = strategy;
@@ -148,11 +154,7 @@ TEST(ShardedEngine, PrefetchCountsOnlyGathersInFlight) {
 // classifier) is not a gather in flight either: full_shard still prefetches every next block.
 TEST(ShardedEngine, PrefetchPassesOverAUnitHeldOpen) {
   MpiCommunicator world(MPI_COMM_WORLD, CommOptions());
-  ModelConfig mc;
-  mc.hidden = {9, 9, 9, 9, 9};
-  auto model = buildMlp(mc, InputSpec{3, 3, 1, 4});
-  model->params().materialize(Device::cpu());
-  model->initParams(5);
+  auto model = sixUnitMlp();
   GatherCounter comm(world);
   ShardingOptions so;
   so.strategy = ShardStrategy::kFullShard;
