@@ -8,6 +8,7 @@
 #include "data/DeviceFeed.h"
 #include "data/H5File.h"
 #include "launch/Config.h"
+#include "models/gpt/Gpt.h"
 #include "models/layers/Layout.h"
 #include "sharding/ShardedEngine.h"
 
@@ -111,6 +112,10 @@ const std::vector<ConfigKey>& configSchema() {
       integer("train.grad_accum_steps", "1", atLeast(1),
               "micro-batches per optimizer step: each rank's share of train.batch_size runs in this many forward/"
               "backward passes whose gradients add up locally (one all-reduce, after the last)"),
+      choice("train.activation_checkpointing", "none", choicesOf(activationCheckpointings()),
+             "gpt: what a training forward keeps of each block; backward recomputes the rest"),
+      integer("train.activation_checkpointing_every", "1", atLeast(1),
+              "gpt: checkpoint blocks 0, k, 2k, ... only (1: every block)"),
       integer("train.eval_batch_size", "1000", kPositive, "global batch size for evaluation"),
       integer("train.eval_interval", "0", kNonNegative, "steps between evaluations (0: at the end of every epoch)"),
       choice("train.device", "cpu", {{"cpu", ""}, {"cuda", "GPU = node-local rank modulo the visible GPUs"}}),
@@ -170,7 +175,8 @@ const std::vector<ConfigKey>& configSchema() {
       boolean("sharding.delayed_update", "false",
               "offload = cpu: the CPU step of one iteration runs during the next one's forward and backward, "
               "which use the parameters one step older (DeepSpeed's delayed parameter update)"),
-      integer("sharding.prefetch_limit", "2", atLeast(1), "units gathered at once (the current one and the prefetched)"),
+      integer("sharding.prefetch_limit", "2", atLeast(1),
+              "the unit computing plus all-gathers in flight (units kept gathered for backward do not count)"),
       choice("sharding.param_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype parameters are all-gathered in"),
       choice("sharding.reduce_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype gradients are reduce-scattered in"),
       // checkpoint

@@ -92,7 +92,7 @@ int planCommand(const std::vector<std::string>& args) {
   H5File file = H5File::open(s.dataPath, FileLocking::kAuto);
   int64_t P = 0, largestUnit = 0, secondUnit = 0;
   ActivationPlan act;
-  std::string modelName;
+  std::string modelName, transients = "backward transients (largest layer)";
   if (s.model.type == "gpt") {
     TokenDataset train(file, s.trainSplit, s.gpt.maxT, 1);
     const GptConfig g = s.gptForData(train.vocabSize(), cfg);
@@ -100,7 +100,8 @@ int planCommand(const std::vector<std::string>& args) {
     const int64_t C = g.channels;
     largestUnit = std::max(g.paddedVocab * C + g.maxT * C, 12 * C * C + 13 * C);
     secondUnit = 12 * C * C + 13 * C;
-    act = Gpt::planActivations(g, micro, g.maxT, pc, /*keepWeightCasts=*/!sharded);
+    act = Gpt::planActivations(g, micro, g.maxT, pc, sharded);
+    if (g.checkpointedBlocks() > 0) transients = "backward transients (largest layer + the block recomputed)";
     modelName = "gpt (" + std::to_string(g.layers) + " x " + std::to_string(C) + ", vocabulary " +
                 std::to_string(g.vocab) + ")";
   } else {
@@ -129,16 +130,18 @@ int planCommand(const std::vector<std::string>& args) {
   if (offload) rows.push_back({"gradient shard on the host (f32)", shard * 4, false});
   rows.push_back({"optimizer state (" + s.optim.type + ")", shard * stateBytesPerParam, !offload});
   if (sharded) {
-    // Units gathered at once (prefetch) in f32, and one unit's full gradient in backward; shard_grad_op
-    // keeps every unit gathered from its forward to its backward.
-    const int64_t live = strat == ShardStrategy::kShardGradOp ? P
-                         : s.sharding.prefetchLimit > 1 ? largestUnit + secondUnit
-                                                        : largestUnit;
+    // Units gathered at once in f32: the one computing and up to prefetch_limit - 1 all-gathers in
+    // flight (GPT also holds its embeddings open around the pass), and one unit's full gradient in
+    // backward; shard_grad_op keeps every unit gathered from its forward to its backward.
+    const int64_t heldOpen = s.model.type == "gpt" ? 1 : 0;
+    const int64_t live = strat == ShardStrategy::kShardGradOp
+                             ? P
+                             : largestUnit + (s.sharding.prefetchLimit - 1 + heldOpen) * secondUnit;
     rows.push_back({"gathered parameters (" + std::string(shardStrategyName(strat)) + ")", live * 4, true});
     rows.push_back({"unit gradient being reduce-scattered", largestUnit * 4, true});
   }
   for (const auto& kv : act.byKind) rows.push_back({"activations: " + kv.first, kv.second, true});
-  rows.push_back({"backward transients (largest layer)", act.transientBytes, true});
+  rows.push_back({transients, act.transientBytes, true});
   if (cuda) rows.push_back({"cuBLASLt workspace", int64_t{32} << 20, true});
 
   int64_t device = 0, host = 0;

@@ -103,6 +103,10 @@ Settings Settings::fromConfig(const Config& c) {
   s.gradClip = static_cast<float>(c.f64("train.grad_clip"));
   s.divergenceSteps = c.i64("train.divergence_steps");
   s.evalBatches = c.i64("train.eval_batches");
+  s.gpt.checkpointing = enumOf(c, "train.activation_checkpointing", activationCheckpointings());
+  s.gpt.checkpointEvery = c.i64("train.activation_checkpointing_every");
+  if (s.gpt.checkpointing != ActivationCheckpointing::kNone && m.type != "gpt")
+    c.fail("train.activation_checkpointing", "recomputes transformer blocks: needs model.type = gpt");
   s.peakFlops = c.f64("train.peak_flops");
 
   // optim

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "comm/CompressionOps.h"
 #include "core/Convert.h"
 #include "core/Log.h"
 #include "core/Timer.h"
@@ -24,21 +23,13 @@ const EnumTable<ShardStrategy>& shardStrategies() {
   return kTable;
 }
 
-namespace {
-
-// shard += more (a later micro-step's reduced gradient), in f32 whatever the reduce dtype.
-void accumulateShard(Tensor& shard, const Tensor& more) {
-  if (shard.dtype() == DType::kF32) {
-    addInto(shard, more);
-    return;
-  }
-  Tensor a = Tensor::empty(shard.shape(), DType::kF32, shard.device());
-  Tensor b = Tensor::empty(more.shape(), DType::kF32, more.device());
-  convertInto(a, shard);
-  convertInto(b, more);
-  addInto(a, b);
-  convertInto(shard, a);
+const EnumTable<EnginePhase>& enginePhases() {
+  static const EnumTable<EnginePhase> kTable = {
+      {EnginePhase::kIdle, "idle"}, {EnginePhase::kForward, "forward"}, {EnginePhase::kBackward, "backward"}};
+  return kTable;
 }
+
+namespace {
 
 Allocator& hostAllocatorFor(Device device) {
 #ifdef MT_WITH_CUDA
@@ -67,42 +58,17 @@ ShardedEngine::ShardedEngine(ParamTable& params, Communicator& shardComm, Commun
   device_ = table_.device();
   const int W = shardComm_.size(), r = shardComm_.rank();
   Allocator& optAlloc = opt_.offloadCpu ? hostAllocatorFor(device_) : allocatorFor(device_);
-  for (int u = 0; u < table_.numUnits(); ++u) {
-    Unit unit;
-    int64_t cursor = 0;
-    for (Param* p : table_.unitParams(u)) {
-      unit.params.push_back({p, cursor});
-      cursor += alignParam(p->numel());
-    }
-    unit.shard = alignParam((cursor + W - 1) / W);
-    unit.numel = unit.shard * W;
-    unit.master = Tensor::empty({unit.shard}, DType::kF32, optAlloc);
-    unit.master.zero_();
-    const int64_t lo = static_cast<int64_t>(r) * unit.shard, hi = lo + unit.shard;
-    for (const auto& up : unit.params) {
-      const int64_t a = std::max(lo, up.unitOffset), b = std::min(hi, up.unitOffset + up.param->numel());
-      if (a >= b) continue;
-      Tensor src = up.param->value.flat().flatSlice(a - up.unitOffset, b - a);
-      Tensor dst = unit.master.flatSlice(a - lo, b - a);
-      dst.copyFrom(src);
-    }
-    if (opt_.paramDtype == DType::kF32 && !opt_.offloadCpu) {
-      unit.gatherCopy = unit.master;
-    } else {
-      unit.gatherCopy = Tensor::empty({unit.shard}, opt_.paramDtype, device_);
-    }
-    unit.gradShard = Tensor::zeros({unit.shard}, opt_.reduceDtype, device_);
-    if (opt_.offloadCpu) {
-      // On a GPU the shard comes down as it is (the CPU step reads bf16 gradients); else in f32.
-      unit.gradShardHost = Tensor::empty({unit.shard}, device_.isCuda() ? opt_.reduceDtype : DType::kF32, optAlloc);
-      unit.gradShardHost.zero_();
-    }
-    units_.push_back(std::move(unit));
-  }
+  // On a GPU the gradient shard comes down as it is (the CPU step reads bf16 gradients); else in f32.
+  const DType hostGrad = device_.isCuda() ? opt_.reduceDtype : DType::kF32;
+  units_.reserve(static_cast<size_t>(table_.numUnits()));
+  for (int u = 0; u < table_.numUnits(); ++u)
+    units_.emplace_back(u, table_.unitParams(u), W, r, device_, optAlloc, opt_.paramDtype, opt_.reduceDtype,
+                        opt_.offloadCpu, hostGrad);
   refreshGatherCopies();
   // Optimizer segments over the gradient shard itself (f32 or bf16; its host copy with offload).
   std::vector<Tensor> grads;
-  for (auto& unit : units_) grads.push_back(opt_.offloadCpu ? unit.gradShardHost : unit.gradShard);
+  for (const auto& unit : units_)
+    grads.push_back(opt_.offloadCpu ? unit.gradShardHost() : unit.gradShard());
   optimizer_ = makeOptimizer(optim, shardSegments(grads));
   table_.releaseStorage();
   if (opt_.offloadCpu && device_.isCuda()) startOffload();
@@ -113,30 +79,25 @@ std::vector<OptimSegment> ShardedEngine::shardSegments(const std::vector<Tensor>
                                                        std::vector<std::pair<size_t, size_t>>* ranges) const {
   std::vector<OptimSegment> segments;
   for (size_t ui = 0; ui < units_.size(); ++ui) {
-    const Unit& unit = units_[ui];
-    const int64_t lo = static_cast<int64_t>(shardComm_.rank()) * unit.shard;
+    const ShardUnit& unit = units_[ui];
+    const int64_t lo = static_cast<int64_t>(shardComm_.rank()) * unit.shard();
     const size_t first = segments.size();
-    for (const auto& up : unit.params) {
-      const int64_t a = std::max(lo, up.unitOffset), b = std::min(lo + unit.shard, up.unitOffset + up.param->numel());
+    const Tensor master = unit.master();
+    for (const auto& m : unit.members()) {
+      const int64_t a = std::max(lo, m.unitOffset),
+                    b = std::min(lo + unit.shard(), m.unitOffset + m.param->numel());
       if (a >= b) continue;
-      segments.push_back({unit.master.flatSlice(a - lo, b - a), grads[ui].flatSlice(a - lo, b - a), up.param->decay,
-                          up.param->offset + (a - up.unitOffset)});
+      segments.push_back({master.flatSlice(a - lo, b - a), grads[ui].flatSlice(a - lo, b - a), m.param->decay,
+                          m.param->offset + (a - m.unitOffset)});
     }
     if (ranges) ranges->emplace_back(first, segments.size());
   }
   return segments;
 }
 
+// Each unit waits for an op of its own still in flight as it goes (ShardUnit's destructor).
 ShardedEngine::~ShardedEngine() {
   stopOffload();
-  for (auto& u : units_)
-    if (u.gatherWork && !u.gatherWork->isCompleted()) {
-      try {
-        u.gatherWork->wait(shardComm_.timeout());
-      } catch (...) {
-        // The job is going down; the buffer must simply not be freed under an in-flight op.
-      }
-    }
 }
 
 bool ShardedEngine::isReplicaWriter() const {
@@ -153,209 +114,136 @@ void ShardedEngine::refreshGatherCopies() {
     uploadAllParams();
     return;
   }
-  for (auto& u : units_) {
-    if (u.gatherCopy.sharesStorageWith(u.master)) continue;
-    if (u.master.device() == u.gatherCopy.device() || u.gatherCopy.dtype() == DType::kF32) {
-      if (u.master.device() == u.gatherCopy.device()) {
-        convertInto(u.gatherCopy, u.master);
-      } else {
-        u.gatherCopy.copyFrom(u.master);  // offload, f32: host -> device
-      }
-    } else {
-      Tensor onDevice = u.master.to(u.gatherCopy.device());  // offload, bf16: up, then cast there
-      convertInto(u.gatherCopy, onDevice);
-    }
-  }
+  for (auto& u : units_)
+    u.refreshGatherCopy();
 }
 
-int ShardedEngine::liveUnits() const {
+int ShardedEngine::gathersInFlight() const {
   int n = 0;
-  for (const auto& u : units_) n += u.gatherIssued ? 1 : 0;
+  for (const auto& u : units_)
+    n += u.state() == UnitState::kGathering ? 1 : 0;
   return n;
 }
 
 void ShardedEngine::trackGathered() {
   int64_t b = 0;
-  for (const auto& u : units_) {
-    if (u.gathered.defined() && !u.gathered.sharesStorageWith(u.gatherCopy)) b += static_cast<int64_t>(u.gathered.nbytes());
-    if (u.gatheredLow.defined()) b += static_cast<int64_t>(u.gatheredLow.nbytes());
-    if (u.gradFull.defined()) b += static_cast<int64_t>(u.gradFull.nbytes());
-  }
+  for (const auto& u : units_)
+    b += u.transientBytes();
   memory_.gatheredPeakBytes = std::max(memory_.gatheredPeakBytes, b);
 }
 
-void ShardedEngine::issueGather(int ui) {
-  Unit& u = units_[static_cast<size_t>(ui)];
-  if (u.gatherIssued) return;
-  awaitParams(ui);  // offload: this unit's update is on the device (or on its way, stream-ordered)
-  if (shardComm_.size() == 1) {
-    // A shard group of one rank gathers nothing: the shard is the unit. In f32 it is used in place
-    // (the master itself without offload); in bf16 it is widened straight from the gather copy.
-    // Saves a unit-sized copy per gather (twice a step for full_shard), about 8 bytes a parameter.
-    if (u.gatherCopy.dtype() == DType::kF32) {
-      u.gathered = u.gatherCopy;
-    } else {
-      u.gathered = Tensor::empty({u.numel}, DType::kF32, device_);
-      convertInto(u.gathered, u.gatherCopy);
-    }
-    u.gatherIssued = true;
-    trackGathered();
-    return;
-  }
-  u.gathered = Tensor::empty({u.numel}, DType::kF32, device_);
-  if (opt_.paramDtype != DType::kF32) {
-    u.gatheredLow = Tensor::empty({u.numel}, opt_.paramDtype, device_);
-    u.gatherWork = shardComm_.allGather(u.gatherCopy, u.gatheredLow);
-  } else {
-    u.gatherWork = shardComm_.allGather(u.gatherCopy, u.gathered);
-  }
-  u.gatherIssued = true;
-  trackGathered();
+void ShardedEngine::enterPhase(EnginePhase to, const char* event, std::initializer_list<EnginePhase> from) {
+  MT_CHECK(std::find(from.begin(), from.end(), phase_) != from.end(), "sharded engine: ", event, " in phase ",
+           enumName(enginePhases(), phase_));
+  phase_ = to;
 }
 
-void ShardedEngine::waitGather(int ui) {
-  Unit& u = units_[static_cast<size_t>(ui)];
-  if (u.gatherWork) {
-    u.gatherWork->wait(shardComm_.timeout());
-    u.gatherWork = nullptr;
-    if (u.gatheredLow.defined()) {
-      convertInto(u.gathered, u.gatheredLow);
-      u.gatheredLow = Tensor();
-    }
-  }
-  bindValues(ui);
+void ShardedEngine::gather(int u) {
+  awaitParams(u);  // offload: this unit's update is on the device (or on its way, stream-ordered)
+  units_[static_cast<size_t>(u)].gather(shardComm_);
 }
 
-void ShardedEngine::bindValues(int ui) {
-  Unit& u = units_[static_cast<size_t>(ui)];
-  for (const auto& up : u.params)
-    up.param->value = u.gathered.flatSlice(up.unitOffset, up.param->numel()).view(up.param->shape);
+void ShardedEngine::makeReady(int u) {
+  ShardUnit& unit = units_[static_cast<size_t>(u)];
+  if (unit.state() == UnitState::kSharded) gather(u);
+  if (unit.state() == UnitState::kGathering) unit.finishGather(shardComm_.timeout());
 }
 
-void ShardedEngine::release(int ui) {
-  Unit& u = units_[static_cast<size_t>(ui)];
-  if (u.gatherWork) {
-    u.gatherWork->wait(shardComm_.timeout());
-    u.gatherWork = nullptr;
+// The units after (step 1) or before (step -1) `from` that are not gathered yet, while the unit
+// computing and the all-gathers in flight stay within the limit. Units held gathered are passed
+// over: they cost no gather and are not in flight.
+void ShardedEngine::prefetch(int from, int step) {
+  const int n = static_cast<int>(units_.size());
+  int inFlight = gathersInFlight();
+  for (int v = from + step; v >= 0 && v < n && 1 + inFlight < opt_.prefetchLimit; v += step) {
+    if (units_[static_cast<size_t>(v)].state() != UnitState::kSharded) continue;
+    gather(v);
+    ++inFlight;
   }
-  for (const auto& up : u.params) up.param->value = Tensor();
-  u.gathered = Tensor();
-  u.gatheredLow = Tensor();
-  u.gatherIssued = false;
 }
 
 void ShardedEngine::beginStep() {
+  enterPhase(EnginePhase::kIdle, "beginStep", {EnginePhase::kIdle});
   memory_.gatheredPeakBytes = 0;
   memory_.activationPeakBytes = 0;
 }
 
 void ShardedEngine::beforeUnitForward(int u) {
-  issueGather(u);
-  waitGather(u);
-  if (u + 1 < static_cast<int>(units_.size()) && liveUnits() < opt_.prefetchLimit) issueGather(u + 1);
+  enterPhase(EnginePhase::kForward, "beforeUnitForward", {EnginePhase::kIdle, EnginePhase::kForward});
+  makeReady(u);
+  prefetch(u, 1);
+  trackGathered();
 }
 
 void ShardedEngine::afterUnitForward(int u) {
-  if (opt_.strategy != ShardStrategy::kShardGradOp) release(u);
+  enterPhase(EnginePhase::kForward, "afterUnitForward", {EnginePhase::kForward});
+  ShardUnit& unit = units_[static_cast<size_t>(u)];
+  if (opt_.strategy == ShardStrategy::kShardGradOp)
+    unit.keep();
+  else
+    unit.release();
 }
 
-void ShardedEngine::beforeUnitBackward(int ui) {
-  inBackward_ = true;
+void ShardedEngine::beforeUnitBackward(int u) {
+  enterPhase(EnginePhase::kBackward, "beforeUnitBackward", {EnginePhase::kForward, EnginePhase::kBackward});
   if (activationBytes_) memory_.activationPeakBytes = std::max(memory_.activationPeakBytes, activationBytes_());
-  issueGather(ui);
-  waitGather(ui);
-  Unit& u = units_[static_cast<size_t>(ui)];
-  u.gradFull = Tensor::zeros({u.numel}, DType::kF32, device_);
-  for (const auto& up : u.params)
-    up.param->grad = u.gradFull.flatSlice(up.unitOffset, up.param->numel()).view(up.param->shape);
+  makeReady(u);
+  units_[static_cast<size_t>(u)].bindGrads();
   trackGathered();
-  if (ui > 0 && liveUnits() < opt_.prefetchLimit) issueGather(ui - 1);
+  prefetch(u, -1);
 }
 
-void ShardedEngine::afterUnitBackward(int ui) {
-  Unit& u = units_[static_cast<size_t>(ui)];
-  u.readyUs = wallMicros();
-  for (const auto& up : u.params) up.param->grad = Tensor();
-  if (opt_.reduceDtype != DType::kF32) {
-    Tensor low = Tensor::empty({u.numel}, opt_.reduceDtype, device_);
-    convertInto(low, u.gradFull);
-    u.gradFull = low;  // kept alive until its reduce-scatter completes
-  }
-  Tensor* dst = &u.gradShard;
-  if (microStep_ > 0) {
-    if (!u.gradScratch.defined()) u.gradScratch = Tensor::empty({u.shard}, u.gradShard.dtype(), device_);
-    dst = &u.gradScratch;
-  }
-  u.reduceWork = shardComm_.reduceScatter(u.gradFull, *dst, ReduceOp::kAvg);
-  // hybrid_shard, one micro-step: the replicas' all-reduce of the shard is chained on its
-  // reduce-scatter now, so the inter-node phase of early units runs while backward computes the
-  // later ones (with accumulation it follows the last micro-step's accumulate, in finishBackward).
-  if (replicaComm_ && microSteps_ == 1)
-    u.replicaWork = replicaComm_->allReduce(u.gradShard, ReduceOp::kAvg, u.reduceWork);
-  release(ui);
+void ShardedEngine::afterUnitBackward(int u) {
+  enterPhase(EnginePhase::kBackward, "afterUnitBackward", {EnginePhase::kBackward});
+  // hybrid_shard, one micro-step: the replica all-reduce is chained on the reduce-scatter now;
+  // with accumulation it follows the last micro-step's accumulate, in finishBackward.
+  units_[static_cast<size_t>(u)].startReduce(shardComm_, opt_.reduceDtype, microStep_ > 0,
+                                             microSteps_ == 1 ? replicaComm_ : nullptr);
   copyReadyGradsDown();  // offload: shards whose reduction finished start down now
 }
 
 void ShardedEngine::setMicroStep(int k, int count) {
   MT_CHECK(count >= 1 && k >= 0 && k < count, "micro-step ", k, " of ", count);
+  MT_CHECK(phase_ != EnginePhase::kBackward, "sharded engine: setMicroStep in phase backward");
   microStep_ = k;
   microSteps_ = count;
 }
 
 void ShardedEngine::finishBackward() {
-  inBackward_ = false;
+  enterPhase(EnginePhase::kIdle, "finishBackward", {EnginePhase::kBackward});
   const bool lastMicroStep = microStep_ + 1 >= microSteps_;
   backwardEndUs_ = wallMicros();
   trace_.clear();
   for (auto& u : units_) {
-    BucketTrace t;
-    t.bucket = static_cast<int>(trace_.size());
-    t.bytes = static_cast<int64_t>(u.numel) * static_cast<int64_t>(dtypeSize(u.gradShard.dtype()));
-    t.readyUs = u.readyUs;
-    if (u.reduceWork) {
-      u.reduceWork->wait(shardComm_.timeout());
-      const CollectiveRecord r = u.reduceWork->record();
-      t.startedUs = r.startedUs;
-      t.doneUs = r.completedUs;
-      u.reduceWork = nullptr;
-    }
-    u.gradFull = Tensor();
-    if (microStep_ > 0) accumulateShard(u.gradShard, u.gradScratch);
-    if (u.replicaWork) {
-      u.replicaWork->wait(replicaComm_->timeout());
-      const CollectiveRecord r = u.replicaWork->record();
-      t.interStartedUs = r.startedUs;
-      t.interDoneUs = t.doneUs = r.completedUs;
-      u.replicaWork = nullptr;
-    } else if (replicaComm_ && lastMicroStep) {
-      replicaComm_->allReduce(u.gradShard, ReduceOp::kAvg)->wait(replicaComm_->timeout());
-    }
-    trace_.push_back(t);
+    if (u.state() == UnitState::kReducing)
+      u.finishReduce(shardComm_, replicaComm_, lastMicroStep && microSteps_ > 1, lastMicroStep);
+    MT_CHECK(u.state() == UnitState::kSharded, "sharding unit ", u.index(), " is ", unitStateName(u.state()),
+             " after backward (a unit whose backward did not run)");
+    trace_.push_back(u.trace());
   }
-  if (!lastMicroStep) {
-    trackGathered();
-    return;
-  }
+  trackGathered();
+  if (!lastMicroStep) return;
   microStep_ = 0;
   microSteps_ = 1;
-  for (auto& u : units_) u.gradScratch = Tensor();
   if (off_) {
     finishOffloadBackward();
   } else if (opt_.offloadCpu) {
     // Gradient shards go down to the host, where the optimizer runs (converted to f32 there).
-    for (auto& u : units_) {
-      if (u.gradShard.dtype() == DType::kF32) {
-        u.gradShardHost.copyFrom(u.gradShard);
+    for (const auto& u : units_) {
+      Tensor host = u.gradShardHost();
+      const Tensor shard = u.gradShard();
+      if (shard.dtype() == DType::kF32) {
+        host.copyFrom(shard);
       } else {
-        Tensor low = u.gradShard.to(Device::cpu());
-        convertInto(u.gradShardHost, low);
+        Tensor low = shard.to(Device::cpu());
+        convertInto(host, low);
       }
     }
   }
-  trackGathered();
 }
 
 double ShardedEngine::clipGradNorm(float maxNorm) {
+  enterPhase(EnginePhase::kIdle, "clipGradNorm", {EnginePhase::kIdle});
   if (off_) return clipOffloaded(maxNorm);
   // Shards are disjoint over the shard group; replicas hold copies, so they are not added.
   return mt::clipGradNorm(optimizer_->segments(), maxNorm,
@@ -363,6 +251,7 @@ double ShardedEngine::clipGradNorm(float maxNorm) {
 }
 
 void ShardedEngine::step(float lr) {
+  enterPhase(EnginePhase::kIdle, "step", {EnginePhase::kIdle});
   if (off_) {
     stepOffloaded(lr);  // returns while the CPU steps; the next gathers wait unit by unit
     return;
@@ -372,27 +261,32 @@ void ShardedEngine::step(float lr) {
 }
 
 void ShardedEngine::releaseAll() {
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
-    if (units_[static_cast<size_t>(u)].gatherIssued) release(u);
+  enterPhase(EnginePhase::kIdle, "releaseAll", {EnginePhase::kIdle, EnginePhase::kForward});
+  for (auto& u : units_) {
+    if (u.state() == UnitState::kGathering)
+      u.cancelGather(shardComm_.timeout());
+    else if (u.state() == UnitState::kGathered || u.state() == UnitState::kKept)
+      u.release();
+  }
 }
-
 MemoryAccount ShardedEngine::measureMemory() {
   MemoryAccount& m = memory_;
   m.paramBytes = m.gradBytes = 0;
+  int64_t hostBytes = 0;
+  const int64_t hostGradCopies = opt_.delayedUpdate ? 2 : 1;
   for (const auto& u : units_) {
-    m.paramBytes += static_cast<int64_t>(u.master.nbytes());
-    if (!u.gatherCopy.sharesStorageWith(u.master)) m.paramBytes += static_cast<int64_t>(u.gatherCopy.nbytes());
-    m.gradBytes += static_cast<int64_t>(u.gradShard.nbytes());
-    if (u.gradShardHost.defined()) m.gradBytes += static_cast<int64_t>(u.gradShardHost.nbytes()) * (opt_.delayedUpdate ? 2 : 1);
+    const int64_t master = static_cast<int64_t>(u.master().nbytes());
+    const int64_t hostGrad =
+        u.gradShardHost().defined() ? static_cast<int64_t>(u.gradShardHost().nbytes()) * hostGradCopies : 0;
+    m.paramBytes += master;
+    if (!u.gatherCopy().sharesStorageWith(u.master()))
+      m.paramBytes += static_cast<int64_t>(u.gatherCopy().nbytes());
+    m.gradBytes += static_cast<int64_t>(u.gradShard().nbytes()) + hostGrad;
+    if (opt_.offloadCpu && device_.isCuda()) hostBytes += master + hostGrad;
   }
   m.optimizerBytes = optimizer_->stateBytes();
-  m.hostBytes = 0;
-  if (opt_.offloadCpu && device_.isCuda()) {  // the GPU keeps only the gather copies and gradient shards
-    for (const auto& u : units_)
-      m.hostBytes += static_cast<int64_t>(u.master.nbytes()) +
-                     static_cast<int64_t>(u.gradShardHost.nbytes()) * (opt_.delayedUpdate ? 2 : 1);
-    m.hostBytes += m.optimizerBytes;
-  }
+  // The GPU keeps only the gather copies and gradient shards with offload.
+  m.hostBytes = opt_.offloadCpu && device_.isCuda() ? hostBytes + m.optimizerBytes : 0;
   m.devicePeakBytes = allocatorFor(device_).stats().peakAllocatedBytes;
   return m;
 }

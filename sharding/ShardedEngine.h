@@ -2,27 +2,34 @@
 // Fully sharded data parallelism (ZeRO-3 / FSDP) and its relatives, as model hooks.
 //
 // The model's parameters are grouped into units (the ParamTable's units: a layer, or a block);
-// each unit lives in one flat buffer, every parameter 256-byte aligned inside it, padded so it
-// splits into W equal shards. Rank r owns shard r of every unit: the f32 master copy, the optimizer
-// state, the gradient shard and — when the parameter dtype is bf16 — a bf16 copy used for the
-// all-gathers. Nothing else is kept between steps.
+// each is a ShardUnit (sharding/ShardUnit.h): one flat buffer split into W equal shards, rank r
+// keeping shard r of every unit for good: the f32 master copy, the optimizer state, the gradient
+// shard (in sharding.reduce_dtype) and — when the parameter dtype is bf16 — a bf16 copy used for
+// the all-gathers. Everything else a unit holds exists only in some states of its state machine.
 //
 //   full_shard     all-gather a unit before its forward, free it after; all-gather it again
 //                  before its backward; reduce-scatter its gradient as its backward ends
-//   shard_grad_op  as full_shard, but a unit gathered in forward stays until its backward
+//   shard_grad_op  as full_shard, but a unit gathered in forward stays (kept) until its backward
 //   hybrid_shard   full_shard inside a node; gradient shards are then averaged across nodes
 //                  (each node holds a full replica of the sharded state)
 //   no_shard       not handled here: data parallelism through comm/DataParallel
 //
-// The all-gather of the next unit is issued while the current one computes (forward and
-// backward), with at most `prefetchLimit` units gathered at once. With offload = cpu the master
-// shard and the optimizer state live in (pinned) host memory and the optimizer step runs on the
-// CPU; gradient shards go down and updated parameter shards come back up.
+// The engine itself is in one phase at a time — idle, forward (units' forwards, also evaluation)
+// or backward — entered by the hooks; a hook called in a phase it cannot follow throws
+// InternalError. While a unit computes, the all-gathers of the next units are issued (forward:
+// the following units, backward: the preceding ones) as long as the unit computing plus the
+// gathers in flight stay within `prefetchLimit`; units that are held gathered for another reason
+// (shard_grad_op's kept units, a unit the model keeps open around the whole pass) do not count.
+// Activation checkpointing (models/gpt) recomputes a block's forward inside its backward hooks, so
+// the unit is gathered once for both. With offload = cpu the master shard and the optimizer state
+// live in (pinned) host memory and the optimizer step runs on the CPU; gradient shards go down and
+// updated parameter shards come back up.
 //
 // The optimizer's segments carry their global offsets, so sharded checkpoints load into any world
 // size and any strategy (launch/Checkpoint).
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +40,7 @@
 #include "core/ModelHooks.h"
 #include "core/ParamTable.h"
 #include "core/optim/Optimizer.h"
+#include "sharding/ShardUnit.h"
 
 namespace mt {
 
@@ -47,7 +55,7 @@ struct ShardingOptions {
   ShardStrategy strategy = ShardStrategy::kFullShard;
   bool offloadCpu = false;
   bool delayedUpdate = false;       // offload: step i's CPU update overlaps step i+1 (one step stale)
-  int prefetchLimit = 2;            // units gathered at once
+  int prefetchLimit = 2;            // the unit computing + all-gathers in flight
   DType paramDtype = DType::kF32;   // all-gathered parameters (f32 or bf16)
   DType reduceDtype = DType::kF32;  // reduce-scattered gradients (f32 or bf16)
 };
@@ -62,6 +70,9 @@ struct MemoryAccount {
   int64_t hostBytes = 0;  // of the persistent bytes, those in host memory (offload: master, grads, state)
   int64_t persistent() const { return paramBytes + gradBytes + optimizerBytes; }
 };
+
+enum class EnginePhase { kIdle, kForward, kBackward };
+const EnumTable<EnginePhase>& enginePhases();
 
 class ShardedEngine final : public ModelHooks {
  public:
@@ -98,6 +109,11 @@ class ShardedEngine final : public ModelHooks {
   // After evaluation forwards (no backward): free what the forwards left gathered.
   void releaseAll();
 
+  // Introspection (tests, failure reports).
+  EnginePhase phase() const { return phase_; }
+  UnitState unitState(int unit) const { return units_[static_cast<size_t>(unit)].state(); }
+  int gathersInFlight() const;
+
   // The optimizer, its segments' gradients readable on the host (with offload: after the pending
   // CPU step and gradient copies; the loss scaler and checkpoints come through here).
   Optimizer& optimizer();
@@ -114,30 +130,6 @@ class ShardedEngine final : public ModelHooks {
   int64_t backwardEndUs() const { return backwardEndUs_; }
 
  private:
-  struct UnitParam {
-    Param* param;
-    int64_t unitOffset;  // inside the unit buffer (aligned)
-  };
-  struct Unit {
-    std::vector<UnitParam> params;
-    int64_t numel = 0;   // padded: shard * W
-    int64_t shard = 0;   // elements per rank
-    Tensor master;       // f32 [shard], device or pinned host (offload)
-    Tensor gatherCopy;   // paramDtype [shard] (aliases master for f32 without offload)
-    Tensor gradShard;    // f32 [shard]
-    Tensor gradShardLow; // reduceDtype [shard] when != f32
-    Tensor gradShardHost;  // offload: f32 host copy
-    Tensor gathered;     // f32 [numel] while gathered
-    Tensor gatheredLow;  // paramDtype [numel] landing buffer when != f32
-    std::shared_ptr<Work> gatherWork;
-    bool gatherIssued = false;
-    Tensor gradFull;     // f32 [numel] while its backward runs and its reduction is in flight
-    Tensor gradScratch;  // reduceDtype [shard]: a later micro-step's reduce-scatter (accumulation)
-    std::shared_ptr<Work> reduceWork;
-    std::shared_ptr<Work> replicaWork;  // hybrid_shard: the replica all-reduce chained on reduceWork
-    int64_t readyUs = 0;                // its gradient was complete (afterUnitBackward)
-  };
-
   // ZeRO-Offload on a GPU (sharding/ShardedOffload.cpp): gradient shards copied down as their
   // reductions finish, the CPU step on a worker thread unit by unit, each unit's parameter shard
   // copied up behind it; a unit's next all-gather waits for that unit only.
@@ -167,11 +159,11 @@ class ShardedEngine final : public ModelHooks {
   // master shard, gradients over grads[unit]; ranges (when given) gets each unit's [first, last).
   std::vector<OptimSegment> shardSegments(const std::vector<Tensor>& grads,
                                           std::vector<std::pair<size_t, size_t>>* ranges = nullptr) const;
-  void issueGather(int u);
-  void waitGather(int u);
-  void bindValues(int u);
-  void release(int u);
-  int liveUnits() const;
+  // Phase edges: `to` from the phases allowed to precede it (else InternalError naming `event`).
+  void enterPhase(EnginePhase to, const char* event, std::initializer_list<EnginePhase> from);
+  void gather(int u);     // offload: after the unit's update is on its way up
+  void makeReady(int u);  // gathered (issued now or prefetched) and waited for
+  void prefetch(int from, int step);
   void trackGathered();
 
   int microStep_ = 0, microSteps_ = 1;
@@ -181,10 +173,10 @@ class ShardedEngine final : public ModelHooks {
   Communicator* replicaComm_;
   ShardingOptions opt_;
   Device device_;
-  std::vector<Unit> units_;
+  std::vector<ShardUnit> units_;
   std::unique_ptr<Optimizer> optimizer_;
   MemoryAccount memory_;
-  bool inBackward_ = false;
+  EnginePhase phase_ = EnginePhase::kIdle;
   std::vector<BucketTrace> trace_;
   int64_t backwardEndUs_ = 0;
   std::unique_ptr<Offload, OffloadDeleter> off_;  // last: its worker stops before the units go

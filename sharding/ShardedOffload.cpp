@@ -18,16 +18,14 @@
 // host gradients first (the f16 loss scaler's unscale), then the host path of core/optim.
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include "core/Convert.h"
 #include "core/Log.h"
 #include "core/Threads.h"
 #include "core/optim/GradClip.h"
+#include "sharding/OffloadQueue.h"
 #include "sharding/ShardedEngine.h"
 
 #ifdef MT_WITH_CUDA
@@ -57,22 +55,13 @@ struct ShardedEngine::Offload {
   float clip = 1.f;          // deferred clip factor for the next job
 
   // The worker and its one job at a time.
+  OffloadQueue jobs;
   std::thread worker;
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool stop = false, queued = false, running = false, uploadInJob = true;
-  size_t unitsDone = 0;  // units of the current job whose update (and upload) is issued
-  float lr = 0.f, jobClip = 1.f;
-  std::exception_ptr error;
 
   // Also where the engine's constructor throws after starting the worker: a joinable thread must
   // not be destroyed (std::terminate).
   ~Offload() {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      stop = true;
-    }
-    cv.notify_all();
+    jobs.stop();
     if (worker.joinable()) worker.join();
   }
 };
@@ -91,15 +80,15 @@ void ShardedEngine::startOffload() {
   o.gradIssued.assign(n, 0);
   o.paramsSent.assign(n, 0);
   Allocator& pinned = CudaRuntime::require().pinned();
-  for (auto& u : units_) {
-    o.gradHost[0].push_back(u.gradShardHost);
+  for (const auto& u : units_) {
+    o.gradHost[0].push_back(u.gradShardHost());
     if (opt_.delayedUpdate) {
-      Tensor t = Tensor::empty({u.shard}, u.gradShardHost.dtype(), pinned);
+      Tensor t = Tensor::empty({u.shard()}, u.gradShardHost().dtype(), pinned);
       t.zero_();
       o.gradHost[1].push_back(t);
     }
-    o.paramHost.push_back(opt_.paramDtype == DType::kF32 ? Tensor()
-                                                         : Tensor::empty({u.shard}, opt_.paramDtype, pinned));
+    o.paramHost.push_back(
+        opt_.paramDtype == DType::kF32 ? Tensor() : Tensor::empty({u.shard()}, opt_.paramDtype, pinned));
   }
   shardSegments(o.gradHost[0], &o.unitSegments);  // the optimizer's segments, grouped by unit
   o.worker = std::thread([this] { offloadWorker(); });
@@ -107,11 +96,7 @@ void ShardedEngine::startOffload() {
 
 void ShardedEngine::stopOffload() noexcept {
   if (!off_) return;
-  {
-    std::lock_guard<std::mutex> lock(off_->mutex);
-    off_->stop = true;
-  }
-  off_->cv.notify_all();
+  off_->jobs.stop();
   if (off_->worker.joinable()) off_->worker.join();  // finishes a job in flight first
 }
 
@@ -122,19 +107,20 @@ void ShardedEngine::uploadParams(int ui) {
 
 void ShardedEngine::packParams(int ui) {
   Offload& o = *off_;
-  Unit& u = units_[static_cast<size_t>(ui)];
-  if (u.gatherCopy.dtype() == DType::kF32) return;  // sent from the master shard itself
+  const ShardUnit& u = units_[static_cast<size_t>(ui)];
+  if (u.gatherCopy().dtype() == DType::kF32) return;  // sent from the master shard itself
   if (o.paramsSent[static_cast<size_t>(ui)])
     o.paramsUp[static_cast<size_t>(ui)].synchronize();  // the last upload has read the stage
-  convertInto(o.paramHost[static_cast<size_t>(ui)], u.master);  // on the host: half the bytes cross the bus
+  convertInto(o.paramHost[static_cast<size_t>(ui)], u.master());  // on the host: half the bytes cross the bus
 }
 
 void ShardedEngine::sendParams(int ui) {
   Offload& o = *off_;
-  Unit& u = units_[static_cast<size_t>(ui)];
-  const Tensor& src = u.gatherCopy.dtype() == DType::kF32 ? u.master : o.paramHost[static_cast<size_t>(ui)];
-  CUDA_CHECK(cudaMemcpyAsync(u.gatherCopy.rawData(), src.rawData(), src.nbytes(), cudaMemcpyHostToDevice,
-                             o.copy.get()));
+  const ShardUnit& u = units_[static_cast<size_t>(ui)];
+  const Tensor dst = u.gatherCopy();
+  const Tensor src = dst.dtype() == DType::kF32 ? u.master() : o.paramHost[static_cast<size_t>(ui)];
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst.rawData(), src.rawData(), src.nbytes(), cudaMemcpyHostToDevice, o.copy.get()));
   o.paramsUp[static_cast<size_t>(ui)].record(o.copy.get());
   o.paramsSent[static_cast<size_t>(ui)] = 1;
 }
@@ -150,16 +136,8 @@ void ShardedEngine::offloadWorker() {
   // which launches the GPU's kernels meanwhile (with all cores busy here it was descheduled and the
   // GPU idled: the delayed update hid only a third of the CPU step, H200 2026-12-04).
   setNumThreads(std::max(1, numThreads() - 1));
-  std::unique_lock<std::mutex> lock(o.mutex);
-  while (true) {
-    o.cv.wait(lock, [&] { return o.stop || o.queued; });
-    if (!o.queued) return;  // stopped with nothing queued
-    o.queued = false;
-    o.running = true;
-    o.unitsDone = 0;
-    const float lr = o.lr, clip = o.jobClip;
-    const bool upload = o.uploadInJob;
-    lock.unlock();
+  OffloadJob job;
+  while (o.jobs.take(&job)) {
     std::exception_ptr error;
     try {
       CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), o.gathersDone.get(), 0));
@@ -170,57 +148,33 @@ void ShardedEngine::offloadWorker() {
         // The unit's last upload has read the master shard (with DPU it was enqueued just before).
         if (o.paramsSent[ui]) o.paramsUp[ui].synchronize();
         const auto [first, last] = o.unitSegments[ui];
-        if (clip != 1.f && first < last)
+        if (job.clip != 1.f && first < last)
           scaleGrads(std::vector<OptimSegment>(segs.begin() + static_cast<std::ptrdiff_t>(first),
                                                segs.begin() + static_cast<std::ptrdiff_t>(last)),
-                     clip);
-        optimizer_->stepSegments(lr, first, last);
+                     job.clip);
+        optimizer_->stepSegments(job.lr, first, last);
         // Delayed update: packed now, sent at the next step() (the training thread only enqueues).
-        if (upload) uploadParams(static_cast<int>(ui));
-        else packParams(static_cast<int>(ui));
-        {
-          std::lock_guard<std::mutex> g(o.mutex);
-          o.unitsDone = ui + 1;
-        }
-        o.cv.notify_all();
+        if (job.upload)
+          uploadParams(static_cast<int>(ui));
+        else
+          packParams(static_cast<int>(ui));
+        o.jobs.unitsDone(ui + 1);
       }
     } catch (...) {
       error = std::current_exception();
     }
-    lock.lock();
-    o.running = false;
-    o.unitsDone = units_.size();
-    if (error && !o.error) o.error = error;
-    o.cv.notify_all();
+    o.jobs.finish(error);
   }
 }
 
 void ShardedEngine::settle() {
-  if (!off_) return;
-  Offload& o = *off_;
-  std::unique_lock<std::mutex> lock(o.mutex);
-  o.cv.wait(lock, [&] { return !o.queued && !o.running; });
-  if (o.error) {
-    std::exception_ptr e = o.error;
-    o.error = nullptr;
-    std::rethrow_exception(e);  // the CPU step's error, on the training thread
-  }
+  if (off_) off_->jobs.settle();
 }
 
 void ShardedEngine::awaitParams(int ui) {
   if (!off_) return;
   Offload& o = *off_;
-  {
-    std::unique_lock<std::mutex> lock(o.mutex);
-    if (o.uploadInJob)
-      o.cv.wait(lock, [&] {
-        return o.error || (!o.queued && (!o.running || o.unitsDone > static_cast<size_t>(ui)));
-      });
-    if (o.error) {
-      lock.unlock();
-      settle();  // rethrows
-    }
-  }
+  o.jobs.awaitUnit(static_cast<size_t>(ui));
   if (o.paramsSent[static_cast<size_t>(ui)])
     CUDA_CHECK(cudaStreamWaitEvent(currentStream(), o.paramsUp[static_cast<size_t>(ui)].get(), 0));
 }
@@ -232,13 +186,13 @@ Tensor& ShardedEngine::gradTarget(int ui) {
 void ShardedEngine::copyGradDown(int ui) {
   Offload& o = *off_;
   if (o.gradIssued[static_cast<size_t>(ui)]) return;
-  Unit& u = units_[static_cast<size_t>(ui)];
+  const Tensor shard = units_[static_cast<size_t>(ui)].gradShard();
   // The shard is final on the current stream (its reduction waited, accumulation and replica
   // all-reduce enqueued there): the copy stream starts after it.
   streamWaitStream(o.copy.get(), currentStream());
   Tensor& dst = gradTarget(ui);
-  CUDA_CHECK(cudaMemcpyAsync(dst.rawData(), u.gradShard.rawData(), u.gradShard.nbytes(),
-                             cudaMemcpyDeviceToHost, o.copy.get()));
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst.rawData(), shard.rawData(), shard.nbytes(), cudaMemcpyDeviceToHost, o.copy.get()));
   o.gradDown[static_cast<size_t>(ui)].record(o.copy.get());
   o.gradIssued[static_cast<size_t>(ui)] = 1;
 }
@@ -247,11 +201,10 @@ void ShardedEngine::copyReadyGradsDown() {
   // During backward only where nothing changes a shard after its reduce-scatter.
   if (!off_ || microSteps_ > 1 || replicaComm_) return;
   for (size_t ui = 0; ui < units_.size(); ++ui) {
-    Unit& u = units_[ui];
-    if (!u.reduceWork || off_->gradIssued[ui] || !u.reduceWork->isCompleted()) continue;
-    u.reduceWork->wait(shardComm_.timeout());  // done: returns at once (orders the stream on NCCL)
-    u.reduceWork = nullptr;
-    u.gradFull = Tensor();
+    ShardUnit& u = units_[ui];
+    if (off_->gradIssued[ui] || !u.reduceCompleted()) continue;
+    // Done: the wait returns at once (and orders the stream on NCCL); one micro-step, no replica.
+    u.finishReduce(shardComm_, nullptr, false, true);
     copyGradDown(static_cast<int>(ui));
   }
 }
@@ -282,7 +235,7 @@ double ShardedEngine::clipOffloaded(float maxNorm) {
   }
   double local = 0.0;
   for (const auto& u : units_)
-    local += cuda::sumOfSquares(u.gradShard);  // padding is zero
+    local += cuda::sumOfSquares(u.gradShard());  // padding is zero
   const double norm = std::sqrt(shardComm_.allReduceScalar(local, ReduceOp::kSum));
   off_->clip = clipFactor(norm, maxNorm);
   return norm;
@@ -299,14 +252,11 @@ void ShardedEngine::stepOffloaded(float lr) {
         sendParams(static_cast<int>(ui));  // packed by the worker after its update
   }
   bindHostGrads(o.target);
-  {
-    std::lock_guard<std::mutex> lock(o.mutex);
-    o.lr = lr;
-    o.jobClip = o.clip;
-    o.uploadInJob = !opt_.delayedUpdate;
-    o.queued = true;
-  }
-  o.cv.notify_all();
+  OffloadJob job;
+  job.lr = lr;
+  job.clip = o.clip;
+  job.upload = !opt_.delayedUpdate;
+  o.jobs.submit(job);
   std::fill(o.gradIssued.begin(), o.gradIssued.end(), 0);
   if (opt_.delayedUpdate) o.target ^= 1;  // the next iteration's copies go to the other buffer
 }

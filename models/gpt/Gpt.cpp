@@ -14,6 +14,23 @@
 
 namespace mt {
 
+const EnumTable<ActivationCheckpointing>& activationCheckpointings() {
+  static const EnumTable<ActivationCheckpointing> kTable = {
+      {ActivationCheckpointing::kNone, "none", "keep every activation backward reads"},
+      {ActivationCheckpointing::kBlocks, "blocks",
+       "keep each block's input, recompute its forward in backward (~1/3 more compute)"},
+      {ActivationCheckpointing::kSelective, "selective",
+       "keep each block's input, qkv and attention residual; recompute LayerNorms, attention and the fc "
+       "GEMM"},
+  };
+  return kTable;
+}
+
+int64_t GptConfig::checkpointedBlocks() const {
+  if (checkpointing == ActivationCheckpointing::kNone) return 0;
+  return (layers + checkpointEvery - 1) / checkpointEvery;  // blocks 0, k, 2k, ... below L
+}
+
 GptConfig GptConfig::preset(const std::string& name) {
   GptConfig c;
   if (name == "d6") c.layers = 6, c.heads = 6, c.channels = 384;
@@ -98,6 +115,64 @@ void Gpt::hookAfter(int unit, bool backward) {
   else hooks_->afterUnitForward(unit);
 }
 
+Tensor Gpt::blockForward(Block& b, const Tensor& x, Context& ctx, Tensor* qkvOut, Tensor* x1Out) {
+  const int64_t B = x.dim(0), T = x.dim(1), C = cfg_.channels;
+  Tensor h1 = b.ln1->forward(x, ctx);
+  Tensor qkv = b.qkv->forward(h1, ctx);
+  Tensor y = Tensor::empty({B, T, C}, matmulDType(x.device()), x.device());
+  attentionForward(y, qkv, cfg_.heads, ctx.training ? &b.att : nullptr);
+  Tensor x1 = b.proj->forwardAdd(y, x, ctx);  // residual added by the GEMM
+  Tensor h2 = b.ln2->forward(x1, ctx);
+  Tensor pre;  // fc's output before the GELU, for backward
+  Tensor g = b.fc->forwardGelu(h2, ctx, &pre);
+  if (ctx.training) b.pre = pre;
+  if (qkvOut) *qkvOut = qkv;
+  if (x1Out) *x1Out = x1;
+  return b.fcProj->forwardAdd(g, x1, ctx);
+}
+
+void Gpt::clearBlock(Block& b) {
+  for (Module* m : {static_cast<Module*>(b.ln1.get()), static_cast<Module*>(b.qkv.get()),
+                    static_cast<Module*>(b.proj.get()), static_cast<Module*>(b.ln2.get()),
+                    static_cast<Module*>(b.fc.get()), static_cast<Module*>(b.fcProj.get())})
+    m->clearCache();
+  b.att.clear();
+  b.pre = Tensor();
+  b.input = b.qkvOut = b.x1 = Tensor();
+}
+
+void Gpt::checkpoint(Block& b, const Tensor& x, const Tensor& qkvOut, const Tensor& x1) {
+  clearBlock(b);
+  b.input = x;
+  if (cfg_.checkpointing == ActivationCheckpointing::kSelective) {
+    b.qkvOut = qkvOut;
+    b.x1 = x1;
+  }
+}
+
+// The same layers on the same inputs as the block's forward (the same kernels, so the same bits):
+// blocks reruns all of it; selective reruns the LayerNorms, attention and the fc GEMM, and hands
+// the GEMMs whose outputs it kept their recomputed inputs.
+void Gpt::recompute(Block& b, Context& ctx) {
+  MT_CHECK(b.input.defined(), "gpt: a checkpointed block's backward without its forward");
+  if (cfg_.checkpointing == ActivationCheckpointing::kBlocks) {
+    Tensor x = b.input;
+    b.input = Tensor();
+    blockForward(b, x, ctx);
+    return;
+  }
+  const Tensor x = b.input, qkv = b.qkvOut, x1 = b.x1;
+  b.input = b.qkvOut = b.x1 = Tensor();
+  Tensor h1 = b.ln1->forward(x, ctx);
+  b.qkv->restoreInput(h1, ctx);
+  Tensor y = Tensor::empty({x.dim(0), x.dim(1), cfg_.channels}, matmulDType(x.device()), x.device());
+  attentionForward(y, qkv, cfg_.heads, &b.att);
+  b.proj->restoreInput(y, ctx);
+  Tensor h2 = b.ln2->forward(x1, ctx);
+  Tensor g = b.fc->forwardGelu(h2, ctx, &b.pre);
+  b.fcProj->restoreInput(g, ctx);
+}
+
 LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   const Tensor& tokens = batch.inputs;
   MT_REQUIRE(tokens.ndim() == 2, DataError, "gpt: tokens must be [B, T], got ", tokens.str());
@@ -130,17 +205,11 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     hookBefore(static_cast<int>(l) + 1, false);
-    Tensor h1 = b.ln1->forward(x, ctx);
-    Tensor qkv = b.qkv->forward(h1, ctx);
-    Tensor y = Tensor::empty({B, T, C}, act, dev);
-    attentionForward(y, qkv, cfg_.heads, ctx.training ? &b.att : nullptr);
-    Tensor x1 = b.proj->forwardAdd(y, x, ctx);  // residual added by the GEMM
-    Tensor h2 = b.ln2->forward(x1, ctx);
-    Tensor pre;  // fc's output before the GELU, for backward
-    Tensor g = b.fc->forwardGelu(h2, ctx, &pre);
-    if (ctx.training) b.pre = pre;
-    Tensor x2 = b.fcProj->forwardAdd(g, x1, ctx);
-    x = x2;
+    const bool ckpt = ctx.training && cfg_.checkpointed(static_cast<int64_t>(l));
+    Tensor qkv, x1;
+    Tensor out = blockForward(b, x, ctx, ckpt ? &qkv : nullptr, ckpt ? &x1 : nullptr);
+    if (ckpt) checkpoint(b, x, qkv, x1);
+    x = out;
     hookAfter(static_cast<int>(l) + 1, false);
   }
   hookBefore(static_cast<int>(blocks_.size()) + 1, false);
@@ -216,6 +285,7 @@ void Gpt::backward(Context& ctx) {
   for (size_t li = blocks_.size(); li-- > 0;) {
     Block& b = blocks_[li];
     hookBefore(static_cast<int>(li) + 1, true);
+    if (cfg_.checkpointed(static_cast<int64_t>(li))) recompute(b, ctx);
     // x2 = x1 + fcProj(gelu(fc(ln2(x1)))): dx1 = dx + d(mlp path)
     Tensor dfSum;  // colsum(df), fc's bias gradient, where the DGELU GEMM's epilogue made it
     Tensor df = b.fcProj->backwardDGelu(dxLow, b.pre, ctx, &dfSum);  // the gradient at the GELU's input
@@ -251,27 +321,45 @@ void Gpt::backward(Context& ctx) {
 }
 
 ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, const PlanContext& pc,
-                                    bool keepWeightCasts) {
-  const int64_t C = cfg.channels, L = cfg.layers, N = B * T, H = cfg.heads;
+                                    bool sharded) {
+  const int64_t C = cfg.channels, N = B * T, H = cfg.heads;
   const bool low = pc.matmul != DType::kF32;
   const int64_t a = low ? static_cast<int64_t>(dtypeSize(pc.matmul)) : 4;  // activations a GEMM reads
+  const int64_t ck = cfg.checkpointedBlocks(), L = cfg.layers - ck;        // L: blocks that keep everything
+  const bool selective = cfg.checkpointing == ActivationCheckpointing::kSelective;
   ActivationPlan p;
   // Per block, as forward() keeps them: the f32 residual stream into ln1 and ln2 (with mean and
   // rstd), the LayerNorm outputs the qkv and fc GEMMs read, qkv (attention's input), attention's
   // output (the projection's input), fc's pre-activation and the GELU output fcProj reads.
-  p.add("residual (layernorm inputs)", L * (2 * N * C * 4 + 2 * 2 * N * 4));
-  p.add("layernorm outputs", L * 2 * N * C * a);
-  p.add("qkv", L * 3 * N * C * a);
+  const int64_t residual = 2 * N * C * 4 + 2 * 2 * N * 4, lnOut = 2 * N * C * a, qkv = 3 * N * C * a;
   const int64_t att = low ? B * H * ((T + 3) / 4 * 4) * 4 : B * H * T * T * 4;  // lse, or P [B,H,T,T]
-  p.add("attention", L * (N * C * a + att));
-  p.add("mlp (pre-activation, GELU output)", L * 2 * 4 * N * C * a);
-  if (low && keepWeightCasts) p.add("weight casts", L * 12 * C * C * a);
-  p.add("final layernorm + classifier gradient", N * C * 4 + 2 * N * 4 + N * C * a);
+  const int64_t attention = N * C * a + att, mlp = 2 * 4 * N * C * a,
+                casts = low && !sharded ? 12 * C * C * a : 0;
+  if (L > 0) {
+    p.add("residual (layernorm inputs)", L * residual);
+    p.add("layernorm outputs", L * lnOut);
+    p.add("qkv", L * qkv);
+    p.add("attention", L * attention);
+    p.add("mlp (pre-activation, GELU output)", L * mlp);
+    if (casts) p.add("weight casts", L * casts);
+  }
+  // A checkpointed block keeps its input (the f32 residual stream); selective also qkv and the
+  // residual after attention.
+  const int64_t kept = N * C * 4 + (selective ? qkv + N * C * 4 : 0);
+  if (ck)
+    p.add(
+        std::string("checkpointed blocks (") + enumName(activationCheckpointings(), cfg.checkpointing) + ")",
+        ck * kept);
+  // lnf's input and statistics, the classifier's input gradient; sharded, wte's classifier gradient.
+  p.add("final layernorm + classifier gradient",
+        N * C * 4 + 2 * N * 4 + N * C * a + (sharded ? cfg.paddedVocab * C * 4 : 0));
   // Backward: the classifier's logits chunk exists in forward only; backward's largest
-  // temporaries are fc's input gradient, dpre and the dqkv / flash workspace of one block.
+  // temporaries are fc's input gradient, dpre and the dqkv / flash workspace of one block, on top
+  // of the block being recomputed (all of its activations but what it kept) where one is.
   const int64_t chunk = std::min(cfg.classifierChunk, N);
+  const int64_t recomputed = ck ? residual + lnOut + qkv + attention + mlp + casts - kept : 0;
   p.transientBytes = std::max(chunk * cfg.paddedVocab * a + cfg.paddedVocab * C * a,
-                              N * 4 * C * a * 2 + N * 3 * C * a + (low ? N * C * 4 : 0));
+                              recomputed + N * 4 * C * a * 2 + N * 3 * C * a + (low ? N * C * 4 : 0));
   return p;
 }
 
@@ -281,21 +369,16 @@ int64_t Gpt::activationBytes() const {
   for (const auto& blk : blocks_) {
     b += blk.ln1->cachedBytes() + blk.qkv->cachedBytes() + blk.proj->cachedBytes() + blk.ln2->cachedBytes() +
          blk.fc->cachedBytes() + blk.fcProj->cachedBytes();
-    if (blk.pre.defined()) b += static_cast<int64_t>(blk.pre.nbytes());
+    for (const Tensor* t : {&blk.pre, &blk.input, &blk.qkvOut, &blk.x1})
+      if (t->defined()) b += static_cast<int64_t>(t->nbytes());
     b += blk.att.bytes();
   }
   return b + lnf_->cachedBytes();
 }
 
 void Gpt::clearActivations() {
-  for (auto& blk : blocks_) {
-    for (Module* m : {static_cast<Module*>(blk.ln1.get()), static_cast<Module*>(blk.qkv.get()),
-                      static_cast<Module*>(blk.proj.get()), static_cast<Module*>(blk.ln2.get()),
-                      static_cast<Module*>(blk.fc.get()), static_cast<Module*>(blk.fcProj.get())})
-      m->clearCache();
-    blk.att.clear();
-    blk.pre = Tensor();
-  }
+  for (auto& blk : blocks_)
+    clearBlock(blk);
   lnf_->clearCache();
   dxf_ = Tensor();
   wteGradEarly_ = Tensor();

@@ -22,11 +22,28 @@
 //
 // Sharding units: 0 = the embeddings (wte is needed again by the classifier, so unit 0 stays open
 // around the whole pass), 1..L = the blocks, L+1 = the final LayerNorm.
+//
+// Activation checkpointing (GptConfig::checkpointing, train.activation_checkpointing) decides what a
+// training forward keeps of a block for its backward:
+//   none       everything backward reads (planActivations lists it by kind)
+//   blocks     the block's input only; backward first runs the block's forward again from it
+//   selective  the block's input, the qkv GEMM's output and the residual after attention (x1);
+//              backward recomputes ln1, attention's forward (from qkv), ln2 and the fc GEMM with its
+//              GELU, i.e. everything but the qkv, attention-projection and fcProj GEMMs
+// With checkpointEvery = k only blocks 0, k, 2k, ... are checkpointed; the others keep everything.
+// The recomputation runs between the block's backward hooks (a sharded unit is gathered once for it
+// and the backward) with the forward's own kernels on the same inputs, so every recomputed
+// activation is bit-identical to the forward's: on the CPU gradients and losses are bit-identical
+// to none; on the GPU they are as repeatable as without checkpointing (the atomics of flash
+// attention's dq and of the embedding backward make no GPU run bitwise repeatable). Forward runs a
+// checkpointed block as usual and then drops what it does not keep: one block's activations live
+// at a time.
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/EnumTable.h"
 #include "models/Model.h"
 #include "models/layers/Activation.h"
 #include "models/layers/Attention.h"
@@ -35,11 +52,20 @@
 
 namespace mt {
 
+enum class ActivationCheckpointing { kNone, kBlocks, kSelective };
+const EnumTable<ActivationCheckpointing>& activationCheckpointings();
+
 struct GptConfig {
   int64_t vocab = 50257, paddedVocab = 50304;
   int64_t maxT = 1024;
   int64_t layers = 12, heads = 12, channels = 768;
   int64_t classifierChunk = 8192;  // rows of logits made at once
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  int64_t checkpointEvery = 1;  // blocks 0, k, 2k, ... are checkpointed
+  bool checkpointed(int64_t block) const {
+    return checkpointing != ActivationCheckpointing::kNone && block % checkpointEvery == 0;
+  }
+  int64_t checkpointedBlocks() const;
   // d6/d12/d24/d36/d48 (GPT-2 124M is d12, 350M d24, 774M d36, 1558M d48).
   static GptConfig preset(const std::string& name);
   int64_t numParams() const;
@@ -59,9 +85,12 @@ class Gpt final : public Model {
   int64_t activationBytes() const override;
   // What a training forward of B x T tokens keeps, without building or allocating anything: the
   // bf16 path on the GPU in reduced precision, the f32 path (reference attention's T x T
-  // probabilities) otherwise. keepWeightCasts: Linear weights' casts kept for backward.
+  // probabilities) otherwise; checkpointed blocks keep what cfg.checkpointing says, and the block
+  // backward recomputes counts as a backward transient. sharded: the hooks hand out gradient
+  // buffers in backward only (sharding): Linear weights' casts are not kept for backward, and wte's
+  // classifier gradient waits in a buffer of its own from forward to backward.
   static ActivationPlan planActivations(const GptConfig& cfg, int64_t B, int64_t T, const PlanContext& pc,
-                                        bool keepWeightCasts);
+                                        bool sharded);
   void clearActivations() override;
 
  private:
@@ -70,9 +99,21 @@ class Gpt final : public Model {
     std::unique_ptr<Linear> qkv, proj, fc, fcProj;  // fc is followed by the tanh GELU (Linear::forwardGelu)
     AttentionSaved att;  // what attention backward needs (training)
     Tensor pre;          // fc's output before the GELU (training)
+    // Checkpointed blocks, between forward and the recomputation: the block's input (the residual
+    // stream), and with selective checkpointing qkv's output and the residual after attention.
+    Tensor input, qkvOut, x1;
   };
   void hookBefore(int unit, bool backward);
   void hookAfter(int unit, bool backward);
+  // One block's forward: every layer keeps what its backward reads when ctx.training. Returns the
+  // block's output; *qkvOut and *x1 (optional) get qkv's output and the residual after attention.
+  Tensor blockForward(Block& b, const Tensor& x, Context& ctx, Tensor* qkvOut = nullptr,
+                      Tensor* x1 = nullptr);
+  // A checkpointed block after its forward: drops what the layers kept but what checkpointing keeps.
+  void checkpoint(Block& b, const Tensor& x, const Tensor& qkvOut, const Tensor& x1);
+  // Before a checkpointed block's backward: the layers' saved state made again from what was kept.
+  void recompute(Block& b, Context& ctx);
+  static void clearBlock(Block& b);
 
   GptConfig cfg_;
   Param* wte_ = nullptr;

@@ -128,6 +128,13 @@ Tensor Linear::forwardGelu(const Tensor& x, Context& ctx, Tensor* pre) {
   return y;
 }
 
+void Linear::restoreInput(const Tensor& x, Context& ctx) {
+  MT_CHECK(ctx.training && x.dim(-1) == in_, "linear: restoring input ", x.str(), " outside training or for ",
+           in_, " inputs");
+  x_ = castTo(x, matmulDType(x.device()));
+  weightOperand(ctx);
+}
+
 Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&, Tensor* preColSum) {
   MT_CHECK(x_.defined(), "Linear::backward without a training forward");
   MT_CHECK(pre.numel() == x_.numel(), "linear+dGELU: pre-activation ", pre.str(), " for input ", x_.str());

@@ -54,6 +54,9 @@ class Linear : public Module {
   // backward(dy) for a layer whose input was GELU(pre): returns the gradient at pre, and in
   // *preColSum (when given and a fused epilogue computed it) colsum of that gradient, f32.
   Tensor backwardDGelu(const Tensor& dy, const Tensor& pre, Context& ctx, Tensor* preColSum = nullptr);
+  // What forward(x) keeps for backward (the input as the GEMM reads it, the weight's cast where
+  // kept), without the GEMM: activation checkpointing kept the output and recomputed the input.
+  void restoreInput(const Tensor& x, Context& ctx);
   // dx in the matmul dtype (its consumer is a GEMM or a kernel that reads reduced precision).
   void setLowPrecisionInputGrad(bool low) { lowInputGrad_ = low; }
   Tensor backward(const Tensor& dy, Context& ctx) override;

@@ -1,0 +1,52 @@
+#pragma once
+// A few training steps of a GPT from a fixed initialisation on fixed tokens, for tests that compare
+// two configurations of the same model (activation checkpointing against none, CPU and GPU).
+
+#include <algorithm>
+#include <vector>
+
+#include "core/optim/Optimizer.h"
+#include "models/gpt/Gpt.h"
+
+namespace mt::test {
+
+struct GptRun {
+  std::vector<double> losses;  // per step
+  std::vector<float> values;   // every parameter after the last step (flat, host)
+  int64_t keptBytes = 0;       // the most activation bytes held between a forward and its backward
+};
+
+inline GptRun trainGpt(const GptConfig& cfg, Device device, bool keepWeightCasts, int steps, int64_t B) {
+  Gpt model(cfg);
+  ParamTable& params = model.params();
+  params.materialize(device);
+  model.initParams(7);
+  OptimConfig oc;
+  oc.weightDecay = 0.1f;
+  auto opt = makeOptimizer(oc, segmentsOf(params));
+  const int64_t T = cfg.maxT;
+  GptRun r;
+  for (int s = 0; s < steps; ++s) {
+    Tensor in = Tensor::empty({B, T}, DType::kI32), tg = Tensor::empty({B, T}, DType::kI64);
+    for (int64_t i = 0; i < B * T; ++i) {
+      in.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + s * 13) % cfg.vocab);
+      tg.data<int64_t>()[i] = (i * 31 + s * 13 + 5) % cfg.vocab;
+    }
+    Batch b;
+    b.inputs = in.to(device);
+    b.targets = tg.to(device);
+    Context ctx;
+    ctx.device = device;
+    ctx.keepWeightCasts = keepWeightCasts;
+    params.zeroGrads();
+    r.losses.push_back(model.forward(b, ctx).meanLoss());
+    r.keptBytes = std::max(r.keptBytes, model.activationBytes());
+    model.backward(ctx);
+    opt->step(1e-3f);
+  }
+  Tensor v = params.flatValues().to(Device::cpu());
+  r.values.assign(v.data<float>(), v.data<float>() + v.numel());
+  return r;
+}
+
+}  // namespace mt::test

@@ -1,0 +1,406 @@
+// The sharding state machines on the local communicator (one process): every edge of a ShardUnit
+// from every state (legal ones taken, illegal ones refused naming unit, state and edge), the
+// engine's phases and each unit's state through a step of every strategy, with gradient
+// accumulation and hybrid_shard, evaluation forwards, and the offload worker's job queue.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "comm/Communicator.h"
+#include "models/ModelConfig.h"
+#include "sharding/OffloadQueue.h"
+#include "sharding/ShardUnit.h"
+#include "sharding/ShardedEngine.h"
+#include "tests/common/TestUtil.h"
+
+namespace mt {
+namespace {
+
+using S = UnitState;
+using E = UnitEdge;
+
+// What each edge does from each state: the state it enters, or nothing (refused).
+const std::map<E, std::map<S, S>>& legalEdges() {
+  static const std::map<E, std::map<S, S>> kEdges = {
+      {E::kGather, {{S::kSharded, S::kGathering}}},
+      {E::kFinishGather, {{S::kGathering, S::kGathered}}},
+      {E::kCancelGather, {{S::kGathering, S::kSharded}}},
+      {E::kKeep, {{S::kGathered, S::kKept}}},
+      {E::kRelease, {{S::kGathered, S::kSharded}, {S::kKept, S::kSharded}}},
+      {E::kBindGrads, {{S::kGathered, S::kBackward}, {S::kKept, S::kBackward}}},
+      {E::kStartReduce, {{S::kBackward, S::kReducing}}},
+      {E::kFinishReduce, {{S::kReducing, S::kSharded}}},
+  };
+  return kEdges;
+}
+
+struct UnitFixture {
+  ParamTable table;
+  LocalCommunicator comm;
+  std::unique_ptr<ShardUnit> unit;
+  explicit UnitFixture(DType paramDtype = DType::kF32) {
+    table.add("w", {5, 7});
+    table.add("b", {7}, false);
+    table.materialize(Device::cpu());
+    for (size_t i = 0; i < table.size(); ++i)
+      for (int64_t e = 0; e < table[i].numel(); ++e)
+        table[i].value.data<float>()[e] = 0.5f * static_cast<float>(e + i);
+    unit = std::make_unique<ShardUnit>(3, table.unitParams(0), 1, 0, Device::cpu(), cpuAllocator(),
+                                       paramDtype, DType::kF32, false, DType::kF32);
+    unit->refreshGatherCopy();
+  }
+  void take(E e) {
+    switch (e) {
+      case E::kGather:
+        unit->gather(comm);
+        break;
+      case E::kFinishGather:
+        unit->finishGather(comm.timeout());
+        break;
+      case E::kCancelGather:
+        unit->cancelGather(comm.timeout());
+        break;
+      case E::kKeep:
+        unit->keep();
+        break;
+      case E::kRelease:
+        unit->release();
+        break;
+      case E::kBindGrads:
+        unit->bindGrads();
+        break;
+      case E::kStartReduce:
+        unit->startReduce(comm, DType::kF32, false, nullptr);
+        break;
+      case E::kFinishReduce:
+        unit->finishReduce(comm, nullptr, false, true);
+        break;
+    }
+  }
+  // A legal path from kSharded into each state.
+  void driveTo(S s) {
+    static const std::map<S, std::vector<E>> kPaths = {
+        {S::kSharded, {}},
+        {S::kGathering, {E::kGather}},
+        {S::kGathered, {E::kGather, E::kFinishGather}},
+        {S::kKept, {E::kGather, E::kFinishGather, E::kKeep}},
+        {S::kBackward, {E::kGather, E::kFinishGather, E::kBindGrads}},
+        {S::kReducing, {E::kGather, E::kFinishGather, E::kBindGrads, E::kStartReduce}},
+    };
+    for (E e : kPaths.at(s))
+      take(e);
+    ASSERT_EQ(unit->state(), s);
+  }
+};
+
+TEST(ShardUnit, EveryEdgeFromEveryState) {
+  const std::vector<S> states = {S::kSharded, S::kGathering, S::kGathered,
+                                 S::kKept,    S::kBackward,  S::kReducing};
+  for (const auto& [edge, moves] : legalEdges())
+    for (S from : states) {
+      SCOPED_TRACE(std::string(unitEdgeName(edge)) + " from " + unitStateName(from));
+      UnitFixture f;
+      f.driveTo(from);
+      const auto it = moves.find(from);
+      if (it != moves.end()) {
+        f.take(edge);
+        EXPECT_EQ(f.unit->state(), it->second);
+        continue;
+      }
+      try {
+        f.take(edge);
+        ADD_FAILURE() << "illegal edge taken";
+      } catch (const InternalError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("sharding unit 3"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(std::string("edge ") + unitEdgeName(edge)), std::string::npos) << msg;
+        EXPECT_NE(msg.find(std::string("from state ") + unitStateName(from)), std::string::npos) << msg;
+      }
+      EXPECT_EQ(f.unit->state(), from) << "a refused edge changed the state";
+    }
+}
+
+// What each state binds: values while gathered (kGathered .. kBackward), gradients in kBackward,
+// nothing in kSharded and kReducing; the gathered values are the parameters'.
+TEST(ShardUnit, BindingsFollowTheState) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    UnitFixture f(dt);
+    Param& w = f.table[0];
+    std::vector<float> original(w.value.data<float>(), w.value.data<float>() + w.numel());
+    f.table.releaseStorage();
+    EXPECT_FALSE(w.value.defined());
+    f.take(E::kGather);
+    EXPECT_FALSE(w.value.defined()) << "bound before its gather was waited for";
+    f.take(E::kFinishGather);
+    ASSERT_TRUE(w.value.defined());
+    for (int64_t i = 0; i < w.numel(); ++i)
+      EXPECT_EQ(w.value.data<float>()[i], original[static_cast<size_t>(i)]);
+    EXPECT_FALSE(w.grad.defined());
+    f.take(E::kBindGrads);
+    ASSERT_TRUE(w.grad.defined());
+    w.grad.fill_(2.f);
+    f.take(E::kStartReduce);
+    EXPECT_FALSE(w.value.defined());
+    EXPECT_FALSE(w.grad.defined());
+    f.take(E::kFinishReduce);
+    EXPECT_EQ(f.unit->gradShard().data<float>()[0], 2.f);  // one rank: the average is the gradient
+    EXPECT_EQ(f.unit->transientBytes(), 0);
+    EXPECT_GT(f.unit->trace().readyUs, 0);
+  }
+}
+
+// A model of several units and an engine over the local communicator (W = 1); `replica` makes it
+// hybrid_shard's (a one-rank replica group).
+struct EngineFixture {
+  LocalCommunicator shard, replica;
+  std::unique_ptr<Sequential> model;
+  std::unique_ptr<ShardedEngine> engine;
+  int n = 0;
+  EngineFixture(ShardStrategy strategy, int prefetch = 2, bool offload = false) {
+    ModelConfig mc;
+    mc.hidden = {6, 5, 4};
+    model = buildMlp(mc, InputSpec{2, 2, 1, 3});
+    model->params().materialize(Device::cpu());
+    model->initParams(3);
+    ShardingOptions so;
+    so.strategy = strategy;
+    so.prefetchLimit = prefetch;
+    so.offloadCpu = offload;
+    engine = std::make_unique<ShardedEngine>(model->params(), shard,
+                                             strategy == ShardStrategy::kHybridShard ? &replica : nullptr, so,
+                                             OptimConfig());
+    n = static_cast<int>(engine->unitCount());
+  }
+  std::vector<S> states() const {
+    std::vector<S> out;
+    for (int u = 0; u < n; ++u)
+      out.push_back(engine->unitState(u));
+    return out;
+  }
+  void forward() {
+    for (int u = 0; u < n; ++u) {
+      engine->beforeUnitForward(u);
+      engine->afterUnitForward(u);
+    }
+  }
+  // Every gradient of micro-step k is k + 1.
+  void backward(int k) {
+    for (int u = n - 1; u >= 0; --u) {
+      engine->beforeUnitBackward(u);
+      for (Param* p : model->params().unitParams(u))
+        p->grad.fill_(static_cast<float>(k + 1));
+      engine->afterUnitBackward(u);
+    }
+    engine->finishBackward();
+  }
+};
+
+std::string str(const std::vector<S>& v) {
+  std::string s;
+  for (S x : v)
+    s += std::string(unitStateName(x)) + " ";
+  return s;
+}
+
+TEST(ShardedEngineStates, FullShardStepUnitByUnit) {
+  EngineFixture f(ShardStrategy::kFullShard);
+  ASSERT_GE(f.n, 4);
+  f.engine->beginStep();
+  EXPECT_EQ(f.engine->phase(), EnginePhase::kIdle);
+  f.engine->beforeUnitForward(0);
+  EXPECT_EQ(f.engine->phase(), EnginePhase::kForward);
+  EXPECT_EQ(f.engine->unitState(0), S::kGathered);
+  EXPECT_EQ(f.engine->unitState(1), S::kGathering) << "prefetched";
+  EXPECT_EQ(f.engine->unitState(2), S::kSharded) << "beyond prefetch_limit 2";
+  f.engine->afterUnitForward(0);
+  EXPECT_EQ(f.engine->unitState(0), S::kSharded) << "full_shard frees a unit after its forward";
+  for (int u = 1; u < f.n; ++u) {
+    f.engine->beforeUnitForward(u);
+    EXPECT_EQ(f.engine->unitState(u), S::kGathered);
+    if (u + 1 < f.n) EXPECT_EQ(f.engine->unitState(u + 1), S::kGathering);
+    f.engine->afterUnitForward(u);
+  }
+  EXPECT_EQ(str(f.states()), str(std::vector<S>(static_cast<size_t>(f.n), S::kSharded)));
+  const int last = f.n - 1;
+  f.engine->beforeUnitBackward(last);
+  EXPECT_EQ(f.engine->phase(), EnginePhase::kBackward);
+  EXPECT_EQ(f.engine->unitState(last), S::kBackward);
+  EXPECT_EQ(f.engine->unitState(last - 1), S::kGathering) << "prefetched in backward order";
+  f.engine->afterUnitBackward(last);
+  EXPECT_EQ(f.engine->unitState(last), S::kReducing);
+  for (int u = last - 1; u >= 0; --u) {
+    f.engine->beforeUnitBackward(u);
+    f.engine->afterUnitBackward(u);
+  }
+  f.engine->finishBackward();
+  EXPECT_EQ(f.engine->phase(), EnginePhase::kIdle);
+  EXPECT_EQ(str(f.states()), str(std::vector<S>(static_cast<size_t>(f.n), S::kSharded)));
+  EXPECT_EQ(f.engine->lastTrace().size(), static_cast<size_t>(f.n));
+  f.engine->step(1e-3f);
+}
+
+TEST(ShardedEngineStates, ShardGradOpKeepsUnitsFromForwardToBackward) {
+  EngineFixture f(ShardStrategy::kShardGradOp);
+  f.engine->beginStep();
+  f.forward();
+  EXPECT_EQ(str(f.states()), str(std::vector<S>(static_cast<size_t>(f.n), S::kKept)));
+  EXPECT_EQ(f.engine->gathersInFlight(), 0) << "kept units are no gathers in flight";
+  f.engine->beforeUnitBackward(f.n - 1);
+  EXPECT_EQ(f.engine->unitState(f.n - 1), S::kBackward);
+  EXPECT_EQ(f.engine->unitState(f.n - 2), S::kKept) << "nothing to prefetch: still gathered";
+  f.engine->afterUnitBackward(f.n - 1);
+  for (int u = f.n - 2; u >= 0; --u) {
+    f.engine->beforeUnitBackward(u);
+    f.engine->afterUnitBackward(u);
+  }
+  f.engine->finishBackward();
+  EXPECT_EQ(str(f.states()), str(std::vector<S>(static_cast<size_t>(f.n), S::kSharded)));
+}
+
+// Gradient accumulation over 3 micro-steps (gradients 1, 2, 3 on the one rank): the shard holds
+// their sum, for every strategy (hybrid_shard's replica all-reduce after the last only) and with
+// offload (the host copy, made after the last).
+TEST(ShardedEngineStates, MicroStepsAccumulateForEveryStrategy) {
+  for (ShardStrategy strategy :
+       {ShardStrategy::kFullShard, ShardStrategy::kShardGradOp, ShardStrategy::kHybridShard})
+    for (bool offload : {false, true}) {
+      SCOPED_TRACE(std::string(shardStrategyName(strategy)) + (offload ? " offload" : ""));
+      EngineFixture f(strategy, 2, offload);
+      f.engine->beginStep();
+      for (int k = 0; k < 3; ++k) {
+        f.forward();
+        f.engine->setMicroStep(k, 3);
+        f.backward(k);
+        EXPECT_EQ(f.engine->phase(), EnginePhase::kIdle);
+        EXPECT_EQ(str(f.states()), str(std::vector<S>(static_cast<size_t>(f.n), S::kSharded)));
+      }
+      for (const auto& seg : f.engine->optimizer().segments())
+        for (int64_t i = 0; i < seg.grad.numel(); ++i)
+          ASSERT_EQ(seg.grad.data<float>()[i], 6.f);
+      f.engine->step(1e-3f);
+    }
+}
+
+// Evaluation forwards leave units gathered (shard_grad_op) or prefetched (prefetch_limit 3 with
+// units freed as they go); releaseAll frees them whatever their state, and training goes on.
+TEST(ShardedEngineStates, ReleaseAllAfterEvaluation) {
+  for (ShardStrategy strategy :
+       {ShardStrategy::kFullShard, ShardStrategy::kShardGradOp, ShardStrategy::kHybridShard}) {
+    SCOPED_TRACE(shardStrategyName(strategy));
+    EngineFixture f(strategy, 3);
+    f.engine->beforeUnitForward(0);
+    f.engine->afterUnitForward(0);
+    EXPECT_GT(f.engine->gathersInFlight(), 0);
+    f.engine->releaseAll();
+    EXPECT_EQ(f.engine->phase(), EnginePhase::kIdle);
+    EXPECT_EQ(str(f.states()), str(std::vector<S>(static_cast<size_t>(f.n), S::kSharded)));
+    f.engine->beginStep();
+    f.forward();
+    f.backward(0);
+  }
+}
+
+// A hook out of order is refused naming the phase; so are the optimizer's calls mid-pass.
+TEST(ShardedEngineStates, PhaseEdgesOutOfOrderAreRefused) {
+  auto expectRefused = [](const std::function<void()>& call, const std::string& what) {
+    try {
+      call();
+      ADD_FAILURE() << what << " was accepted";
+    } catch (const InternalError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  EngineFixture f(ShardStrategy::kFullShard);
+  expectRefused([&] { f.engine->beforeUnitBackward(f.n - 1); }, "beforeUnitBackward in phase idle");
+  expectRefused([&] { f.engine->finishBackward(); }, "finishBackward in phase idle");
+  f.engine->beforeUnitForward(0);
+  expectRefused([&] { f.engine->step(1e-3f); }, "step in phase forward");
+  expectRefused([&] { f.engine->clipGradNorm(1.f); }, "clipGradNorm in phase forward");
+  f.engine->afterUnitForward(0);
+  for (int u = 1; u < f.n; ++u) {
+    f.engine->beforeUnitForward(u);
+    f.engine->afterUnitForward(u);
+  }
+  f.engine->beforeUnitBackward(f.n - 1);
+  expectRefused([&] { f.engine->beforeUnitForward(0); }, "beforeUnitForward in phase backward");
+  expectRefused([&] { f.engine->releaseAll(); }, "releaseAll in phase backward");
+  // A unit edge out of order names the unit: its backward ended twice.
+  f.engine->afterUnitBackward(f.n - 1);
+  expectRefused([&] { f.engine->afterUnitBackward(f.n - 1); },
+                "illegal edge start_reduce from state reducing");
+}
+
+TEST(OffloadQueue, JobsRunOneAtATimeAndReportUnits) {
+  OffloadQueue q;
+  std::atomic<int> ran{0};
+  std::atomic<bool> go{false};  // holds each job until the test has tried a second submit
+  std::thread worker([&] {
+    OffloadJob job;
+    while (q.take(&job)) {
+      while (!go.exchange(false))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      for (size_t u = 0; u < 4; ++u) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        q.unitsDone(u + 1);
+      }
+      ran += static_cast<int>(job.lr);
+      q.finish(nullptr);
+    }
+  });
+  for (int i = 1; i <= 3; ++i) {
+    OffloadJob job;
+    job.lr = static_cast<float>(i);
+    q.submit(job);
+    EXPECT_THROW(q.submit(job), InternalError) << "a second job while one is queued or running";
+    go = true;
+    q.awaitUnit(1);
+    EXPECT_NE(q.state(), OffloadQueue::State::kQueued);
+    q.settle();
+    EXPECT_EQ(q.state(), OffloadQueue::State::kIdle);
+  }
+  EXPECT_EQ(ran.load(), 6);
+  q.stop();
+  worker.join();
+  EXPECT_EQ(q.state(), OffloadQueue::State::kStopped);
+}
+
+TEST(OffloadQueue, ErrorSurfacesOnTheTrainingThreadOnce) {
+  OffloadQueue q;
+  std::thread worker([&] {
+    OffloadJob job;
+    while (q.take(&job))
+      q.finish(std::make_exception_ptr(IoError("cpu step failed")));
+  });
+  q.submit(OffloadJob());
+  EXPECT_THROW(q.awaitUnit(0), IoError);
+  q.settle();  // reported once
+  q.submit(OffloadJob());
+  EXPECT_THROW(q.settle(), IoError);
+  q.stop();
+  worker.join();
+}
+
+TEST(OffloadQueue, StopDropsAQueuedJobAndLetsARunningOneFinish) {
+  OffloadQueue q;
+  q.submit(OffloadJob());
+  q.stop();  // nobody took it
+  OffloadJob job;
+  EXPECT_FALSE(q.take(&job));
+  EXPECT_EQ(q.state(), OffloadQueue::State::kStopped);
+
+  OffloadQueue r;
+  r.submit(OffloadJob());
+  ASSERT_TRUE(r.take(&job));
+  r.stop();
+  EXPECT_EQ(r.state(), OffloadQueue::State::kStopping);
+  r.finish(nullptr);
+  EXPECT_EQ(r.state(), OffloadQueue::State::kStopped);
+  r.settle();  // returns: nothing runs any more
+}
+
+}  // namespace
+}  // namespace mt
