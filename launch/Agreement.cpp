@@ -18,17 +18,21 @@ std::string broadcastString(Communicator& comm, std::chrono::milliseconds timeou
   return std::string(reinterpret_cast<const char*>(bytes.rawData()), static_cast<size_t>(n));
 }
 
-std::optional<AgreedFailure> agreeOnFailure(Communicator& comm, std::chrono::milliseconds timeout,
-                                            const std::function<void()>& body,
-                                            const std::function<void()>& onFailure) {
-  std::optional<AgreedFailure> mine;
+std::optional<AgreedFailure> captureFailure(int rank, const std::function<void()>& body) {
   try {
     if (body) body();
   } catch (const Error& e) {
-    mine = AgreedFailure{comm.rank(), e.exitCode(), e.what()};
+    return AgreedFailure{rank, e.exitCode(), e.what()};
   } catch (const std::exception& e) {
-    mine = AgreedFailure{comm.rank(), ExitCode::kFailure, std::string("internal: ") + e.what()};
+    return AgreedFailure{rank, ExitCode::kFailure, std::string("internal: ") + e.what()};
   }
+  return std::nullopt;
+}
+
+std::optional<AgreedFailure> agreeOnFailure(Communicator& comm, std::chrono::milliseconds timeout,
+                                            const std::function<void()>& body,
+                                            const std::function<void()>& onFailure) {
+  const std::optional<AgreedFailure> mine = captureFailure(comm.rank(), body);
   if (comm.size() == 1) {
     if (mine && onFailure) onFailure();
     return mine;

@@ -21,6 +21,11 @@ struct AgreedFailure {
   std::string message;
 };
 
+// Runs `body` on this rank alone: its failure as an AgreedFailure of rank `rank` (an mt::Error keeps
+// its exit code, any other exception is internal), nullopt when it succeeded. Both agreements
+// (this one over a Communicator, launch/SetupAgreement's over raw MPI before any exists) use it.
+std::optional<AgreedFailure> captureFailure(int rank, const std::function<void()>& body);
+
 // Runs `body` (an mt::Error keeps its exit code, any other exception is internal) and agrees:
 // nullopt when every rank succeeded, else the same failure on every rank. `onFailure` then runs on
 // every rank before the failure's message is exchanged (rank 0 removing a half-written checkpoint

@@ -9,6 +9,7 @@
 #include "comm/MpiEnvironment.h"
 #include "core/Error.h"
 #include "core/Log.h"
+#include "launch/Agreement.h"
 
 namespace mt {
 
@@ -27,26 +28,14 @@ int firstFailingRank(MPI_Comm comm, bool failed, int rank, int size) {
 }  // namespace
 
 void agreeOnStep(MPI_Comm comm, const std::function<void()>& step) {
-  std::exception_ptr failure;
-  int code = 0;
-  std::string message;
-  try {
-    step();
-  } catch (const Error& e) {
-    failure = std::current_exception();
-    code = static_cast<int>(e.exitCode());
-    message = e.what();
-  } catch (const std::exception& e) {
-    failure = std::current_exception();
-    code = static_cast<int>(ExitCode::kFailure);
-    message = std::string("internal: ") + e.what();
-  }
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  const int first =
-      size > 1 ? firstFailingRank(comm, failure != nullptr, rank, size) : (failure ? rank : size);
+  const std::optional<AgreedFailure> mine = captureFailure(rank, step);
+  const int first = size > 1 ? firstFailingRank(comm, mine.has_value(), rank, size) : (mine ? rank : size);
   if (first == size) return;
+  int code = mine ? static_cast<int>(mine->code) : 0;
+  std::string message = mine ? mine->message : std::string();
   if (size > 1) {
     // The failing rank's exit code in the first 4 bytes, its message after them.
     char buf[kMessageBytes] = {0};
@@ -60,8 +49,7 @@ void agreeOnStep(MPI_Comm comm, const std::function<void()>& step) {
     std::memcpy(&code, buf, sizeof(code));
     message = buf + sizeof(code);
   }
-  if (rank == first) std::rethrow_exception(failure);
-  throw Error(message, static_cast<ExitCode>(code));
+  throw Error(rank == first ? mine->message : message, static_cast<ExitCode>(code));
 }
 
 int agreeOnSetup(int code, const std::string& message, int rank, int size, double patienceS) {
