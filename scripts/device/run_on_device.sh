@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the device machine over the carried dist/ (see build_for_device.sh):
-#   bash scripts/device/run_on_device.sh probe|gpu-tests|nccl-ranks|nccl-sanitizer|bench [args]
+#   bash scripts/device/run_on_device.sh probe|gpu-tests|nccl-ranks|nccl-sanitizer|sharding-scale|bench [args]
 # Results go to $OUT (when set) as logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,7 +57,8 @@ case "$what" in
       $g.test_one_rank_nccl_matches_cpu $g.test_one_rank_nccl_hierarchical_rails \
       $g.test_two_rank_mpi_backend_on_one_gpu_matches_cpu \
       $g.test_gpu_local_matches_cpu $g.test_f16_loss_scaling_trains $g.test_data_feeds_match_cpu \
-      $g.test_gpu_compression_trains $g.test_offload_pipeline_matches_cpu $g.test_delayed_update_trains 2>&1 | tee "$out/gpu_training.log" | tail -25
+      $g.test_gpu_compression_trains $g.test_offload_pipeline_matches_cpu $g.test_delayed_update_trains \
+      $g.test_divergence_stops_with_exit_4 2>&1 | tee "$out/gpu_training.log" | tail -25
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     exit $status
     ;;
@@ -79,6 +80,20 @@ case "$what" in
     PYTHONUNBUFFERED=1 python3 tests/launch/test_nccl_ranks.py -v "$@" 2>&1 | tee "$out/nccl_ranks.log" |
       grep -E "^test_|ok$|FAIL|ERROR|worst|ended|Error|^Ran|^OK" || true
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    exit $status
+    ;;
+  sharding-scale)
+    # Models past one GPU (issue 32): GPT d48 (1.56B) at batch 16 x 1024 with each activation
+    # checkpointing mode against PyTorch torch.compile (once), then which presets full_shard trains
+    # under a 16 GiB cap with blocks checkpointing, without and with CPU offload.
+    status=0
+    for mode in none blocks selective; do
+      REF=$([[ $mode == none ]] && echo 1 || echo 0) NAME="d48-$mode" PRESET=d48 BATCH=16 STEPS="${STEPS:-20}" \
+        OUT="$out/gpt" ARGS="--train.activation_checkpointing=$mode" bash scripts/bench/gpt_bench.sh || status=1
+    done
+    python3 scripts/bench/shard_bench --tokens datasets/bench_tokens.h5 --largest-under-cap 16384 \
+      --cap-models "${CAP_MODELS:-d36,d48}" --batch-per-rank 4 --steps 5 \
+      --extra=--train.activation_checkpointing=blocks 2>&1 | tee "$out/largest_under_cap.log" | grep -v '^{' || status=1
     exit $status
     ;;
   nccl-sanitizer)
