@@ -52,8 +52,11 @@ def run(np, args, timeout=60):
 def start(np, args, log):
     """A job left running, its output in the file `log` (a pipe nobody reads while the job runs
     would fill, and block the ranks in their next log line)."""
+    # One thread per rank that sleeps when idle: on a 2-core CI machine the left-running job's
+    # spinning OpenMP teams otherwise starve the second job's start for tens of seconds (seen: 58 s).
+    env = dict(os.environ, MT_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
     with open(log, "w") as f:
-        return subprocess.Popen(command(np, args), stdout=f, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(command(np, args), stdout=f, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def finish(proc, log, timeout=60):
@@ -257,8 +260,10 @@ class FreshStartInAUsedDirectory(TempDir):
         self.assertEqual(proc.returncode, 0, out[-3000:])
         self.assertContains(out, "preempted at step")
         self.assertContains(out, "run the same command with --checkpoint.resume=auto")
-        # ... which resumes.
-        code, out, _ = run(1, args[:2] + ["--train.max_steps=20", "--checkpoint.resume=auto"])
+        # ... which resumes (a few steps past wherever the signal found the job).
+        stopped = int(re.search(r"preempted at step (\d+)", out).group(1))
+        code, out, _ = run(1, args[:2] + [f"--train.max_steps={stopped + 5}", "--checkpoint.resume=auto"])
+        self.assertEqual(code, 0, out[-3000:])
         self.assertContains(out, "resumed from")
 
 
