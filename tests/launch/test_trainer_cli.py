@@ -128,7 +128,10 @@ class BadInput(unittest.TestCase):
         for env, needles, np in [({"MT_NODE_SPLIT": "3"}, ["MT_NODE_SPLIT=3 does not divide the world size 4"], 4),
                                  ({"MT_NODE_SPLIT": "abc"}, ["MT_NODE_SPLIT='abc' is not an integer"], 2),
                                  ({"MT_NUM_THREADS": "100000"}, ["MT_NUM_THREADS='100000' is out of range"], 1),
-                                 ({"MT_COMM_TIMEOUT_S": "99999999999"}, ["MT_COMM_TIMEOUT_S", "out of range"], 1)]:
+                                 ({"MT_COMM_TIMEOUT_S": "99999999999"}, ["MT_COMM_TIMEOUT_S", "out of range"], 1),
+                                 # was ignored without a word (the run logged at info)
+                                 ({"MT_LOG_LEVEL": "verbose"}, ["MT_LOG_LEVEL='verbose' is not a log level",
+                                                                "debug, info, warn or error"], 2)]:
             code, out, err = run([f"--run.dir={self.dir}", "--train.max_steps=1"], np=np, env=env)
             self.assertEqual(code, 2, f"{env}: exit code {code}\n{err}")
             lines = error_lines(err)
@@ -147,6 +150,18 @@ class BadInput(unittest.TestCase):
             for mode in ("stream", "memory"):
                 self.expect_error([f"--data.path={bad}", f"--data.mode={mode}"], [bad] + needles, np=np)
             self.assertLess(time.time() - t0, 120, variant)
+
+    def test_run_name_stays_inside_run_dir(self):
+        # run.name = .. wrote the run (lock, config.ini, metrics, checkpoints) into run.dir's parent.
+        runs = os.path.join(self.dir, "runs")
+        for name in ("..", ".", "a/../..", "/tmp/x"):
+            code, out, err = run([f"--data.path={FASHION}", "--train.max_steps=1", f"--run.dir={runs}",
+                                  f"--run.name={name}"], np=2)
+            self.assertEqual(code, 2, f"{name}: exit code {code}\n{err}")
+            lines = error_lines(err)
+            self.assertEqual(len(lines), 1, err)
+            self.assertIn(f"--run.name={name}: must be a plain name inside run.dir", lines[0])
+            self.assertEqual([f for f in os.listdir(self.dir) if f != "runs"], [], f"{name}: written outside run.dir")
 
     def test_fletcher32_corruption_is_detected(self):
         # The checksum was stripped, not verified: a flipped byte trained silently.
