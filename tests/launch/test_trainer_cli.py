@@ -11,6 +11,7 @@ import unittest
 TRAINER = os.environ["TRAINER"]
 FASHION = os.environ["FASHION_H5"]
 VARIANTS = os.environ["H5_VARIANTS"]
+SRC = os.environ["SOURCE_DIR"]
 
 
 def run(args, np=1, timeout=300, env=None):
@@ -162,6 +163,33 @@ class BadInput(unittest.TestCase):
             self.assertEqual(len(lines), 1, err)
             self.assertIn(f"--run.name={name}: must be a plain name inside run.dir", lines[0])
             self.assertEqual([f for f in os.listdir(self.dir) if f != "runs"], [], f"{name}: written outside run.dir")
+
+    def test_bad_count_attributes_and_token_ids_name_the_file(self):
+        # num_classes / vocab_size that are no count were ignored; a token id outside the vocabulary
+        # (or one a cast to int32 made negative) was "embedding index 150 out of range for
+        # vocabulary 128", naming neither the file nor where in it.
+        gpt = ["--config", os.path.join(SRC, "configs/gpt_tiny.ini"), "--train.max_steps=12",
+               "--train.eval_interval=6"]
+        for variant, needles, extra in [
+                ("num_classes_zero", ["attribute num_classes of /train/labels = 0 is outside [1, 2147483647]"], []),
+                ("num_classes_float", ["attribute num_classes of /train/labels is of type f64, expected one integer"],
+                 []),
+                ("tokens_vocab_huge", ["attribute vocab_size of / = 2147483648 is outside [1, 2147483647]"], gpt),
+                ("tokens_beyond_vocab", ["dataset /train/tokens[3000] = 150 is outside [0, 100)", "vocab_size"], gpt),
+                ("tokens_u32_wraps", ["dataset /train/tokens[40] = 2147483653 is outside [0, 2147483647)"], gpt),
+                ("tokens_test_beyond_train", ["dataset /test/tokens[2000] = 180 is outside [0, 100)",
+                                              "the model's vocabulary"], gpt)]:
+            bad = os.path.join(VARIANTS, variant + ".h5")
+            for mode in ("stream", "memory"):
+                # A streamed bad id is met in training: its rank ends the job and the others say so,
+                # all exiting 2 (abortJob), so the message is the one line naming the file.
+                code, out, err = run(extra + [f"--data.path={bad}", f"--data.mode={mode}", f"--run.dir={self.dir}",
+                                              f"--run.name={variant}-{mode}"], np=2)
+                self.assertEqual(code, 2, f"{variant} {mode}: exit code {code}\n{err}")
+                lines = [l for l in err.splitlines() if f"error: data file {bad}: " in l]
+                self.assertTrue(lines, f"{variant} {mode}: no line naming the file\n{err}")
+                for n in needles:
+                    self.assertIn(n, lines[0], f"{variant} {mode}")
 
     def test_fletcher32_corruption_is_detected(self):
         # The checksum was stripped, not verified: a flipped byte trained silently.
