@@ -104,8 +104,10 @@ write("test_split_mismatch", extra=test_32x32)
 
 
 # num_classes attributes that are not a count: each a DataError naming file, attribute and value.
+# With a test split, so that only the attribute is wrong (the trainer used to train on these).
 def attr(obj, value):
     def put(f):
+        test_split(f)
         f[obj].attrs["num_classes"] = value
     return put
 

@@ -170,10 +170,12 @@ class BadInput(unittest.TestCase):
         # vocabulary 128", naming neither the file nor where in it.
         gpt = ["--config", os.path.join(SRC, "configs/gpt_tiny.ini"), "--train.max_steps=12",
                "--train.eval_interval=6"]
+        mlp = ["--train.batch_size=20", "--train.max_steps=2"]  # 103 images; 205c237 trained on these
         for variant, needles, extra in [
-                ("num_classes_zero", ["attribute num_classes of /train/labels = 0 is outside [1, 2147483647]"], []),
+                ("num_classes_zero", ["attribute num_classes of /train/labels = 0 is outside [1, 2147483647]"], mlp),
                 ("num_classes_float", ["attribute num_classes of /train/labels is of type f64, expected one integer"],
-                 []),
+                 mlp),
+                ("num_classes_array", ["attribute num_classes of /train/labels is 2 values of i64"], mlp),
                 ("tokens_vocab_huge", ["attribute vocab_size of / = 2147483648 is outside [1, 2147483647]"], gpt),
                 ("tokens_beyond_vocab", ["dataset /train/tokens[3000] = 150 is outside [0, 100)", "vocab_size"], gpt),
                 ("tokens_u32_wraps", ["dataset /train/tokens[40] = 2147483653 is outside [0, 2147483647)"], gpt),
