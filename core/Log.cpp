@@ -10,6 +10,7 @@
 #include <ctime>
 
 #include "core/EnvParams.h"
+#include "core/Error.h"
 
 namespace mt {
 namespace {
@@ -70,6 +71,20 @@ const EnumTable<LogLevel>& logLevels() {
 }
 
 bool parseLogLevel(const std::string& name, LogLevel* out) { return parseEnum(logLevels(), name, out); }
+
+LogLevel envLogLevel(LogLevel fallback) {
+  const char* name = envParamTable().at(static_cast<size_t>(EnvParam::kLogLevel)).name;
+  const char* v = std::getenv(name);
+  if (!v) return fallback;
+  LogLevel level = fallback;
+  if (parseLogLevel(v, &level)) return level;
+  std::string names;
+  const std::vector<std::string> choices = enumChoices(logLevels());
+  for (size_t i = 0; i < choices.size(); ++i)
+    names += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  throw ConfigError(std::string("environment variable ") + name + "='" + v +
+                    "' is not a log level: expected " + names);
+}
 
 LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
   using namespace std::chrono;

@@ -19,6 +19,10 @@ void setLogLevel(LogLevel level);
 LogLevel logLevel();
 const EnumTable<LogLevel>& logLevels();
 bool parseLogLevel(const std::string& name, LogLevel* out);
+// MT_LOG_LEVEL's level, or `fallback` when it is not set. A value that names no level is a
+// ConfigError naming the variable and the accepted names (the level logging starts with, set
+// before main where nothing can be refused, falls back to info until this is called).
+LogLevel envLogLevel(LogLevel fallback);
 inline bool logEnabled(LogLevel level) { return static_cast<int>(level) >= static_cast<int>(logLevel()); }
 
 class LogLine {

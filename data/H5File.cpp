@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "data/H5Check.h"
@@ -281,10 +282,43 @@ std::string H5File::readStringAttribute(const std::string& object, const std::st
 int64_t H5File::readIntAttribute(const std::string& object, const std::string& attr, int64_t fallback) const {
   silenceHdf5();
   if (H5Aexists_by_name(file_.get(), object.c_str(), attr.c_str(), H5P_DEFAULT) <= 0) return fallback;
+  const std::string where = "attribute " + attr + " of " + object;
   H5Handle a(H5Aopen_by_name(file_.get(), object.c_str(), attr.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  int64_t v = fallback;
-  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return fallback;
+  if (!a.valid()) dataError(path_, where + " cannot be opened: " + detail::hdf5ErrorString());
+  H5Handle t(H5Aget_type(a.get()), H5Tclose), space(H5Aget_space(a.get()), H5Sclose);
+  size_t size = 0;
+  bool littleEndian = true;
+  const std::string type = typeNameOf(t.get(), &size, &littleEndian);
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  // HDF5 would convert a float (10.7 -> 10) and read an array's first value into a one-value
+  // buffer past its end; a string failed to read and the attribute was silently ignored.
+  if (H5Tget_class(t.get()) != H5T_INTEGER || n != 1)
+    dataError(path_, where + " is " + (n != 1 ? std::to_string(n) + " values of " : "of type ") + type +
+                         ", expected one integer");
+  if (type == "u64") {  // above 2^63 - 1, HDF5's conversion to int64 clips silently
+    uint64_t u = 0;
+    if (H5Aread(a.get(), H5T_NATIVE_UINT64, &u) < 0)
+      dataError(path_, where + ": " + detail::hdf5ErrorString());
+    if (u > static_cast<uint64_t>(INT64_MAX))
+      dataError(path_, where + " = " + std::to_string(u) + " does not fit int64");
+    return static_cast<int64_t>(u);
+  }
+  int64_t v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) dataError(path_, where + ": " + detail::hdf5ErrorString());
   return v;
+}
+
+int64_t H5File::readCountAttribute(const std::string& object, const std::string& attr, int64_t hi) const {
+  silenceHdf5();
+  for (const std::string& where : {object, std::string("/")}) {
+    if (H5Aexists_by_name(file_.get(), where.c_str(), attr.c_str(), H5P_DEFAULT) <= 0) continue;
+    const int64_t v = readIntAttribute(where, attr, 0);
+    if (v < 1 || v > hi)
+      dataError(path_, "attribute " + attr + " of " + where + " = " + std::to_string(v) + " is outside [1, " +
+                           std::to_string(hi) + "]");
+    return v;
+  }
+  return -1;
 }
 
 H5Writer::H5Writer(const std::string& path) : path_(path) {

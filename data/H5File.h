@@ -85,6 +85,10 @@ struct H5DatasetInfo {
   int64_t rowElements() const;  // elements per index of dimension 0
 };
 
+// The most classes (num_classes) or token ids (vocab_size) a file may declare: labels and ids are
+// int32 in the GPU kernels and token batches.
+constexpr int64_t kMaxIdCount = 2147483647;
+
 enum class FileLocking { kAuto, kOn, kOff };  // auto: whatever HDF5_USE_FILE_LOCKING says
 const EnumTable<FileLocking>& fileLockings();
 
@@ -111,7 +115,13 @@ class H5File {
   // or f16 as written by H5Writer). Throws DataError naming the dataset for other types.
   Tensor readTensor(const std::string& name) const;
   std::string readStringAttribute(const std::string& object, const std::string& attr) const;  // "" if absent
+  // `fallback` when the attribute is absent; one that is not a single integer (a float, a string,
+  // an array) or does not fit int64 is a DataError naming the file, object and attribute.
   int64_t readIntAttribute(const std::string& object, const std::string& attr, int64_t fallback) const;
+  // A count attribute (num_classes, vocab_size) of `object`, else of the root group; -1 when
+  // neither has one. A value outside [1, hi] is a DataError naming the file, where the attribute
+  // is, and its value: a zero, negative or huge count is a broken file, not "none given".
+  int64_t readCountAttribute(const std::string& object, const std::string& attr, int64_t hi) const;
 
  private:
   std::string path_;

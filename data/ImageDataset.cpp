@@ -54,8 +54,8 @@ ImageDataset::ImageDataset(const H5File& file, const std::string& split, int64_t
       bad(file_, "dataset " + r->info().name + " declares " + shapeStr(r->info().shape) + " but " + gap +
                      " (truncated or incompletely written file)");
   }
-  int64_t classes = file.readIntAttribute(lblName, "num_classes", -1);
-  if (classes <= 0) classes = file.readIntAttribute("/", "num_classes", -1);
+  // A zero, negative, fractional or huge num_classes is a broken file, not "none given".
+  const int64_t classes = file.readCountAttribute(lblName, "num_classes", kMaxIdCount);
   // Every label is checked once here (labels are small; read in bounded blocks), so a bad one is
   // reported with its file, dataset and index instead of failing a training step later.
   const int64_t declared = classes;
@@ -67,10 +67,12 @@ ImageDataset::ImageDataset(const H5File& file, const std::string& split, int64_t
     labels_->readRows(b0, cnt, block.data());
     for (int64_t i = 0; i < cnt; ++i) {
       const int64_t l = widenLabel(block.data() + i * labels_->rowBytes(), labelType_);
-      if (l < 0 || (declared > 0 && l >= declared))
+      if (l < 0 || l >= (declared > 0 ? declared : kMaxIdCount))
         bad(file_, "dataset " + lblName + "[" + std::to_string(b0 + i) + "] = " + std::to_string(l) +
-                       (declared > 0 ? " is outside [0, " + std::to_string(declared) + ") (its num_classes attribute)"
-                                     : " is negative"));
+                       (declared > 0
+                            ? " is outside [0, " + std::to_string(declared) + ") (its num_classes attribute)"
+                        : l < 0 ? " is negative"
+                                : " is outside [0, " + std::to_string(kMaxIdCount) + ") (labels are int32)"));
       mx = std::max(mx, l);
     }
   }

@@ -34,12 +34,28 @@ TokenDataset::TokenDataset(const H5File& file, const std::string& split, int64_t
   if (!gap.empty())
     bad(file_, "dataset " + name + " declares " + std::to_string(tokens_) + " tokens but " + gap +
                    " (truncated or incompletely written file)");
-  vocab_ = file.readIntAttribute(name, "vocab_size", -1);
-  if (vocab_ <= 0) vocab_ = file.readIntAttribute("/", "vocab_size", -1);
-  if (vocab_ <= 0) {
-    loadIntoMemory();
+  vocab_ = file.readCountAttribute(name, "vocab_size", kMaxIdCount);
+  if (vocab_ > 0) {
+    idLimit_ = vocab_;
+    idLimitWhy_ = "its vocab_size attribute";
+  } else {
+    loadIntoMemory();  // every id checked against int32 on the way
     vocab_ = 1 + *std::max_element(mem_.begin(), mem_.end());
   }
+}
+
+void TokenDataset::checkId(int64_t index, int64_t id) const {
+  if (id < 0 || id >= idLimit_)
+    bad(file_, "dataset /" + split_ + "/tokens[" + std::to_string(index) + "] = " + std::to_string(id) +
+                   " is outside [0, " + std::to_string(idLimit_) + ") (" + idLimitWhy_ + ")");
+}
+
+void TokenDataset::limitIds(int64_t limit, const std::string& why) {
+  if (limit >= idLimit_) return;
+  idLimit_ = limit;
+  idLimitWhy_ = why;
+  for (size_t i = 0; i < mem_.size(); ++i)
+    checkId(static_cast<int64_t>(i), mem_[i]);
 }
 
 void TokenDataset::loadIntoMemory() {
@@ -47,7 +63,11 @@ void TokenDataset::loadIntoMemory() {
   std::vector<char> raw(static_cast<size_t>(tokens_) * reader_->rowBytes());
   reader_->readRows(0, tokens_, raw.data());
   mem_.resize(static_cast<size_t>(tokens_));
-  for (int64_t i = 0; i < tokens_; ++i) mem_[static_cast<size_t>(i)] = static_cast<int32_t>(widen(raw.data() + i * reader_->rowBytes(), type_));
+  for (int64_t i = 0; i < tokens_; ++i) {
+    const int64_t id = widen(raw.data() + i * reader_->rowBytes(), type_);
+    checkId(i, id);  // before the cast: a u32 id of 2^31 or more would turn negative
+    mem_[static_cast<size_t>(i)] = static_cast<int32_t>(id);
+  }
 }
 
 void TokenDataset::read(int64_t index, int32_t* inputs, int64_t* targets, ChunkCache* cache) const {
@@ -58,7 +78,12 @@ void TokenDataset::read(int64_t index, int32_t* inputs, int64_t* targets, ChunkC
   } else {
     std::vector<char> raw(static_cast<size_t>(T_ + 1) * reader_->rowBytes());
     reader_->readRows(start, T_ + 1, raw.data(), cache);
-    for (int64_t i = 0; i <= T_; ++i) window[static_cast<size_t>(i)] = static_cast<int32_t>(widen(raw.data() + i * reader_->rowBytes(), type_));
+    // Streamed ids are checked as their window is read (a scan at open would read the whole file).
+    for (int64_t i = 0; i <= T_; ++i) {
+      const int64_t id = widen(raw.data() + i * reader_->rowBytes(), type_);
+      checkId(start + i, id);
+      window[static_cast<size_t>(i)] = static_cast<int32_t>(id);
+    }
   }
   for (int64_t i = 0; i < T_; ++i) {
     inputs[i] = window[static_cast<size_t>(i)];

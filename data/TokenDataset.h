@@ -4,7 +4,11 @@
 //   /<split>/doc_offsets  1-D i64, optional: where each document starts (informative)
 // Sample i is the window tokens[i*T, i*T + T + 1): inputs its first T tokens, targets its last T
 // (next-token prediction). Validated at open like the image datasets: a DataError naming the file
-// and dataset for a missing dataset, a wrong type or rank, or too few tokens for one sample per rank.
+// and dataset for a missing dataset, a wrong type or rank, too few tokens for one sample per rank,
+// or a vocab_size attribute that is not an integer in [1, 2^31 - 1]. Every id is checked against
+// the vocabulary (the attribute, else the int32 range) when it is read: all of them at once in
+// memory mode, a window at a time when streamed; a bad one is a DataError naming the file, the
+// dataset, the index and the id.
 
 #include <memory>
 #include <string>
@@ -30,10 +34,16 @@ class TokenDataset final : public ResidentSplit {
   const std::vector<int32_t>& memoryTokens() const { return mem_; }  // after loadIntoMemory
   // The token stream i32 in memory, windows of seqLen() (after loadIntoMemory).
   ResidentData resident() const override;
+  // Ids must also be below `limit` (the model's vocabulary, when this split's own is larger): the
+  // tokens in memory are checked now, streamed ones as they are read; `why` names the limit.
+  void limitIds(int64_t limit, const std::string& why);
 
  private:
   std::string file_, split_;
+  void checkId(int64_t index, int64_t id) const;  // a DataError naming file, dataset, index and id
   int64_t T_ = 0, tokens_ = 0, samples_ = 0, vocab_ = 0;
+  int64_t idLimit_ = kMaxIdCount;  // ids must be in [0, idLimit_)
+  std::string idLimitWhy_ = "token ids are int32";
   std::unique_ptr<RowReader> reader_;
   std::string type_;
   std::vector<int32_t> mem_;

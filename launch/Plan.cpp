@@ -11,6 +11,7 @@
 #include "data/H5File.h"
 #include "data/ImageDataset.h"
 #include "data/TokenDataset.h"
+#include "launch/CommandArgs.h"
 #include "launch/Config.h"
 #include "launch/Settings.h"
 #include "models/ModelConfig.h"
@@ -23,10 +24,23 @@ const char* const kPlanUsage =
     "         [--section.key=value ...]\n"
     "  per-rank memory of the configuration before anything is allocated: parameters, gradients,\n"
     "  optimizer state, gathered units, activations by layer kind, backward transients, buffers;\n"
-    "  with --gpu-memory (GiB), whether it fits. --ranks: the world size (default 1); --gpus-per-node:\n"
-    "  the shard group of hybrid_shard (default 8).\n";
+    "  with --gpu-memory (GiB, in (0, 1048576]), whether it fits. --ranks: the world size, 1..1048576\n"
+    "  (default 1); --gpus-per-node: the shard group of hybrid_shard, 1..1024 (default 8).\n";
 
 namespace {
+
+constexpr int64_t kMaxRanks = 1 << 20, kMaxGpusPerNode = 1024;
+constexpr double kMaxGpuMemoryGiB = 1 << 20;
+// The most a plan counts per rank (an exbibyte): beyond any machine, and far enough below 2^63
+// that the rows and their totals cannot overflow.
+constexpr int64_t kMaxPlanBytes = int64_t{1} << 60;
+
+struct PlanArgs {
+  int64_t ranks = 1, gpusPerNode = 8;
+  double gpuMemoryGiB = 0;  // 0: not given
+  bool json = false;
+  std::vector<std::string> cfgArgs;  // --config and --section.key=value
+};
 
 struct Row {
   std::string what;
@@ -46,13 +60,8 @@ std::pair<int64_t, int64_t> largestUnits(const ParamTable& t) {
   return {units.empty() ? 0 : units[0], units.size() > 1 ? units[1] : 0};
 }
 
-}  // namespace
-
-int planCommand(const std::vector<std::string>& args) {
-  int64_t ranks = 1, gpusPerNode = 8;
-  double gpuMemoryGiB = 0;
-  bool json = false;
-  std::vector<std::string> cfgArgs;
+PlanArgs parsePlanArgs(const std::vector<std::string>& args) {
+  PlanArgs p;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](const std::string& flag) -> std::string {
@@ -60,21 +69,56 @@ int planCommand(const std::vector<std::string>& args) {
       if (i + 1 < args.size()) return args[++i];
       throw ConfigError("plan: " + flag + " needs a value");
     };
-    auto number = [&](const std::string& flag) {
-      const std::string v = value(flag);
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(d > 0)) throw ConfigError("plan: " + flag + " " + v + ": expected a positive number");
-      return d;
-    };
-    if (a == "--json") json = true;
-    else if (a == "--ranks" || a.rfind("--ranks=", 0) == 0) ranks = static_cast<int64_t>(number("--ranks"));
-    else if (a == "--gpus-per-node" || a.rfind("--gpus-per-node=", 0) == 0)
-      gpusPerNode = static_cast<int64_t>(number("--gpus-per-node"));
-    else if (a == "--gpu-memory" || a.rfind("--gpu-memory=", 0) == 0) gpuMemoryGiB = number("--gpu-memory");
-    else cfgArgs.push_back(a);
+    auto is = [&](const std::string& flag) { return a == flag || a.rfind(flag + "=", 0) == 0; };
+    if (a == "--json")
+      p.json = true;
+    else if (is("--ranks"))
+      p.ranks = integerOption("plan", "--ranks", value("--ranks"), 1, kMaxRanks);
+    else if (is("--gpus-per-node"))
+      p.gpusPerNode = integerOption("plan", "--gpus-per-node", value("--gpus-per-node"), 1, kMaxGpusPerNode);
+    else if (is("--gpu-memory"))
+      p.gpuMemoryGiB = numberOption("plan", "--gpu-memory", value("--gpu-memory"), 0, kMaxGpuMemoryGiB, true);
+    else
+      p.cfgArgs.push_back(a);
   }
-  Config cfg = Config::fromArgs(cfgArgs);
+  return p;
+}
+
+// Every byte count of an activation plan is a sum of products of positive sizes that grows at most
+// linearly with the micro-batch: f(m) <= m * f(1) term by term. So when m * f(1), in double
+// precision, stays under kMaxPlanBytes, no product made for m overflows int64 (a batch of 2^62
+// planned "0 B" of activations, others negative totals).
+void checkActivationScale(const ActivationPlan& one, int64_t micro, const Config& cfg) {
+  const double perSample = static_cast<double>(one.total()) + static_cast<double>(one.transientBytes);
+  if (perSample * static_cast<double>(micro) > static_cast<double>(kMaxPlanBytes))
+    cfg.fail("train.batch_size",
+             "a micro-batch of " + std::to_string(micro) +
+                 " per rank needs more than 2^60 bytes of activations, beyond any machine");
+}
+
+// The same for the GPT's dimensions, whose products at one sample can overflow already: its
+// parameters and the largest activation terms of one sample, in double precision.
+void checkGptScale(const GptConfig& g) {
+  const double C = static_cast<double>(g.channels), L = static_cast<double>(g.layers),
+               T = static_cast<double>(g.maxT), H = static_cast<double>(g.heads),
+               V = static_cast<double>(g.paddedVocab);
+  const double params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const double perSample = (L + 1) * T * (H * T + 64 * C) * 4 + T * V * 4 + V * C * 4;
+  if (params * 16 > static_cast<double>(kMaxPlanBytes) || perSample > static_cast<double>(kMaxPlanBytes))
+    throw ConfigError(
+        "plan: a gpt of " + std::to_string(g.layers) + " layers x " + std::to_string(g.channels) +
+        " channels, " + std::to_string(g.heads) + " heads, " + std::to_string(g.maxT) +
+        " tokens and a vocabulary of " + std::to_string(g.paddedVocab) +
+        " needs more than 2^60 bytes per rank, beyond any machine (model.layers, model.channels, "
+        "model.heads, model.seq_len, model.vocab_size)");
+}
+
+}  // namespace
+
+int planCommand(const std::vector<std::string>& args) {
+  const PlanArgs pa = parsePlanArgs(args);
+  const int64_t ranks = pa.ranks;
+  Config cfg = Config::fromArgs(pa.cfgArgs);
   Settings s = Settings::fromConfig(cfg);
   const bool cuda = s.device == "cuda";
   PlanContext pc;
@@ -96,10 +140,12 @@ int planCommand(const std::vector<std::string>& args) {
   if (s.model.type == "gpt") {
     TokenDataset train(file, s.trainSplit, s.gpt.maxT, 1);
     const GptConfig g = s.gptForData(train.vocabSize(), cfg);
+    checkGptScale(g);
     P = g.numParams();
     const int64_t C = g.channels;
     largestUnit = std::max(g.paddedVocab * C + g.maxT * C, 12 * C * C + 13 * C);
     secondUnit = 12 * C * C + 13 * C;
+    checkActivationScale(Gpt::planActivations(g, 1, g.maxT, pc, sharded), micro, cfg);
     act = Gpt::planActivations(g, micro, g.maxT, pc, sharded);
     if (g.checkpointedBlocks() > 0) transients = "backward transients (largest layer + the block recomputed)";
     modelName = "gpt (" + std::to_string(g.layers) + " x " + std::to_string(C) + ", vocabulary " +
@@ -110,13 +156,17 @@ int planCommand(const std::vector<std::string>& args) {
     std::unique_ptr<Model> m = buildImageModel(s.model, in);
     P = m->params().numel();
     std::tie(largestUnit, secondUnit) = largestUnits(m->params());
-    act = static_cast<Sequential&>(*m).planActivations({micro, in.height, in.width, in.channels}, pc);
+    const Sequential& seq = static_cast<Sequential&>(*m);
+    checkActivationScale(seq.planActivations({1, in.height, in.width, in.channels}, pc), micro, cfg);
+    act = seq.planActivations({micro, in.height, in.width, in.channels}, pc);
     if (cuda && pc.matmul != DType::kF32) act.add("weight casts", P * static_cast<int64_t>(dtypeSize(pc.matmul)));
     modelName = s.model.type;
   }
 
   // Parameters, gradients, optimizer state: replicated, or 1/S of them per rank in a shard group.
-  const int64_t S = !sharded ? 1 : strat == ShardStrategy::kHybridShard ? std::min(ranks, gpusPerNode) : ranks;
+  const int64_t S = !sharded                               ? 1
+                    : strat == ShardStrategy::kHybridShard ? std::min(ranks, pa.gpusPerNode)
+                                                           : ranks;
   const int64_t shard = (P + S - 1) / S;
   const int64_t stateBytesPerParam = s.optim.type == "adamw" ? 8 : (s.optim.momentum > 0 ? 4 : 0);
   const bool offload = s.sharding.offloadCpu;
@@ -134,9 +184,13 @@ int planCommand(const std::vector<std::string>& args) {
     // flight (GPT also holds its embeddings open around the pass), and one unit's full gradient in
     // backward; shard_grad_op keeps every unit gathered from its forward to its backward.
     const int64_t heldOpen = s.model.type == "gpt" ? 1 : 0;
-    const int64_t live = strat == ShardStrategy::kShardGradOp
-                             ? P
-                             : largestUnit + (s.sharding.prefetchLimit - 1 + heldOpen) * secondUnit;
+    // Never more than every unit at once (a prefetch limit above the unit count changes nothing).
+    const double inFlight =
+        static_cast<double>(s.sharding.prefetchLimit - 1 + heldOpen) * static_cast<double>(secondUnit);
+    const int64_t live =
+        strat == ShardStrategy::kShardGradOp
+            ? P
+            : std::min(P, largestUnit + static_cast<int64_t>(std::min(inFlight, static_cast<double>(P))));
     rows.push_back({"gathered parameters (" + std::string(shardStrategyName(strat)) + ")", live * 4, true});
     rows.push_back({"unit gradient being reduce-scattered", largestUnit * 4, true});
   }
@@ -148,7 +202,7 @@ int planCommand(const std::vector<std::string>& args) {
   for (const Row& r : rows) (r.device ? device : host) += r.bytes;
   const int64_t activations = act.total();
   const double deviceGiB = static_cast<double>(device) / static_cast<double>(int64_t{1} << 30);
-  if (json) {
+  if (pa.json) {
     nlohmann::json j = {{"model", modelName},
                         {"parameters", P},
                         {"ranks", ranks},
@@ -163,7 +217,7 @@ int planCommand(const std::vector<std::string>& args) {
     nlohmann::json items = nlohmann::json::array();
     for (const Row& r : rows) items.push_back({{"what", r.what}, {"bytes", r.bytes}, {"device", r.device}});
     j["items"] = items;
-    if (gpuMemoryGiB > 0) j["fits"] = deviceGiB <= gpuMemoryGiB;
+    if (pa.gpuMemoryGiB > 0) j["fits"] = deviceGiB <= pa.gpuMemoryGiB;
     std::cout << j.dump() << "\n";
   } else {
     std::printf("memory plan per rank: %s, %lld parameters; %lld rank(s), %s, %s %s, micro-batch %lld x %lld\n",
@@ -174,9 +228,10 @@ int planCommand(const std::vector<std::string>& args) {
       std::printf("  %-52s %12s%s\n", r.what.c_str(), formatBytes(r.bytes).c_str(), r.device ? "" : "  (host)");
     std::printf("  %-52s %12s\n", cuda ? "total on the GPU" : "total", formatBytes(device).c_str());
     if (host) std::printf("  %-52s %12s\n", "total on the host (offload)", formatBytes(host).c_str());
-    if (gpuMemoryGiB > 0)
-      std::printf("%s a %.1f GiB GPU (%.1f GiB planned, %.0f %%)\n", deviceGiB <= gpuMemoryGiB ? "fits" : "does NOT fit",
-                  gpuMemoryGiB, deviceGiB, 100.0 * deviceGiB / gpuMemoryGiB);
+    if (pa.gpuMemoryGiB > 0)
+      std::printf("%s a %.1f GiB GPU (%.1f GiB planned, %.0f %%)\n",
+                  deviceGiB <= pa.gpuMemoryGiB ? "fits" : "does NOT fit", pa.gpuMemoryGiB, deviceGiB,
+                  100.0 * deviceGiB / pa.gpuMemoryGiB);
   }
   return 0;
 }

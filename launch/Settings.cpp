@@ -35,14 +35,17 @@ Settings Settings::fromConfig(const Config& c) {
   Settings s;
   // run
   s.runName = c.str("run.name");
-  if (s.runName.empty() || s.runName.find('/') != std::string::npos) c.fail("run.name", "must be a plain name");
+  // The run directory must be a folder of its own inside run.dir: with "." (run.dir itself) or ".."
+  // (its parent) the run's lock, files and checkpoints landed outside any run directory.
+  if (s.runName.empty() || s.runName == "." || s.runName == ".." || s.runName.find('/') != std::string::npos)
+    c.fail("run.name", "must be a plain name inside run.dir: not empty, '.' or '..', and without '/'");
   s.runDir = (std::filesystem::path(c.str("run.dir")) / s.runName).string();
   s.lockStaleS = static_cast<int>(std::min<int64_t>(c.i64("run.lock_stale_s"), 1 << 30));
   s.seed = static_cast<uint64_t>(c.i64("run.seed"));
   s.logInterval = c.i64("run.log_interval");
   s.trace = c.flag("run.trace");
-  const LogLevel level = enumOf(c, "run.log_level", logLevels());
-  if (!std::getenv("MT_LOG_LEVEL")) setLogLevel(level);
+  // MT_LOG_LEVEL wins over run.log_level; an unknown name there is refused, not ignored.
+  setLogLevel(envLogLevel(enumOf(c, "run.log_level", logLevels())));
 
   // model
   ModelConfig& m = s.model;

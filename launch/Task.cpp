@@ -129,6 +129,9 @@ class TokenTask final : public Task {
   std::unique_ptr<Model> buildModel(Settings& s, const Config& cfg) override {
     s.gpt = s.gptForData(train_.vocabSize(), cfg);
     s_.gpt = s.gpt;
+    // The test split's own vocabulary (its attribute, or max id + 1) may exceed the model's.
+    test_.limitIds(s.gpt.vocab,
+                   "the model's vocabulary: model.vocab_size, else the " + s.trainSplit + " split's");
     return std::make_unique<Gpt>(s.gpt);
   }
   std::string modelDetail() const override {

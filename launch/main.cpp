@@ -22,10 +22,11 @@
 #include "core/EnvParams.h"
 #include "core/Files.h"
 #include "core/Log.h"
-#include "launch/Plan.h"
 #include "launch/Checkpoint.h"
+#include "launch/CommandArgs.h"
 #include "launch/Config.h"
 #include "launch/Failure.h"
+#include "launch/Plan.h"
 #include "launch/RankDiscovery.h"
 #include "launch/SetupAgreement.h"
 #include "launch/Signals.h"
@@ -65,7 +66,9 @@ const char* const kPredictUsage =
     "         [--intra-gbs G] [--csv] [--hierarchical]\n"
     "  the fabric cost model: all-reduce bandwidth, exposed communication, step time and scaling\n"
     "  efficiency per node count for a model of N parameters (default 124e6, B = 2 bytes each);\n"
-    "  --hierarchical: also the flat all-reduce against topo.hierarchical's node/rail/node phases\n";
+    "  --hierarchical: also the flat all-reduce against topo.hierarchical's node/rail/node phases.\n"
+    "  Ranges: N in (0, 1e15], B in (0, 16], C (ms) in (0, 1e9], F (backward's share of C) in (0, 1],\n"
+    "  M in (0, 1048576], G (GB/s) in (0, 1e6], nodes 1..1048576 each\n";
 const char* const kExportUsage =
     "usage: trainer export --checkpoint DIR --out FILE.h5\n"
     "  one HDF5 file with the consolidated parameters of a (sharded) checkpoint\n";
@@ -82,11 +85,7 @@ int topoCommand(const std::vector<std::string>& args) {
   bool json = false;
   int ranks = 0, ranksPerNode = 0;
   auto count = [](const std::string& flag, const std::string& v) {
-    char* end = nullptr;
-    const long n = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || n <= 0 || n > 1000000)
-      throw mt::ConfigError("topo: " + flag + " must be a positive integer, not '" + v + "'");
-    return static_cast<int>(n);
+    return static_cast<int>(mt::integerOption("topo", flag, v, 1, 1000000));
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -127,7 +126,8 @@ int topoCommand(const std::vector<std::string>& args) {
 // trainer predict --topo X.xml [--profile NAME|PATH] [--params N] [--grad-bytes B] [--compute-ms C]
 //   [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...] [--intra-gbs G] [--csv] [--hierarchical]
 int predictCommand(const std::vector<std::string>& args) {
-  std::string topo, profileName, nodesList = "1,2,4,8,16,32,64";
+  std::string topo, profileName;
+  std::vector<int64_t> nodesList = {1, 2, 4, 8, 16, 32, 64};
   double params = 124e6, gradBytes = 2, computeMs = 100, backwardFraction = 2.0 / 3.0, bucketMb = 25, intraGBs = 0;
   bool csv = false, hierarchical = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -136,25 +136,33 @@ int predictCommand(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) throw mt::ConfigError("predict: " + a + " needs a value");
       return args[++i];
     };
-    auto number = [&]() {
-      const std::string v = next();
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || d <= 0) throw mt::ConfigError("predict: " + a + " '" + v + "' is not a positive number");
-      return d;
-    };
-    if (a == "--topo") topo = next();
-    else if (a == "--profile") profileName = next();
-    else if (a == "--params") params = number();
-    else if (a == "--grad-bytes") gradBytes = number();
-    else if (a == "--compute-ms") computeMs = number();
-    else if (a == "--backward-fraction") backwardFraction = number();
-    else if (a == "--bucket-mb") bucketMb = number();
-    else if (a == "--nodes") nodesList = next();
-    else if (a == "--intra-gbs") intraGBs = number();  // files without NVLink (Azure's) on NVSwitch machines
-    else if (a == "--csv") csv = true;
-    else if (a == "--hierarchical") hierarchical = true;
-    else throw mt::ConfigError("predict: unknown argument '" + a + "' (trainer predict --help for usage)");
+    // Every number finite and in its usage range: nan parameters printed a table of zeros, 1e9
+    // nodes a negative GPU count, a backward fraction of 5 a step with more overlap than compute.
+    auto number = [&](double hi) { return mt::numberOption("predict", a, next(), 0, hi, /*loOpen=*/true); };
+    if (a == "--topo")
+      topo = next();
+    else if (a == "--profile")
+      profileName = next();
+    else if (a == "--params")
+      params = number(1e15);
+    else if (a == "--grad-bytes")
+      gradBytes = number(16);
+    else if (a == "--compute-ms")
+      computeMs = number(1e9);
+    else if (a == "--backward-fraction")
+      backwardFraction = number(1);
+    else if (a == "--bucket-mb")
+      bucketMb = number(1 << 20);
+    else if (a == "--nodes")
+      nodesList = mt::integerListOption("predict", a, next(), 1, 1 << 20);
+    else if (a == "--intra-gbs")
+      intraGBs = number(1e6);  // files without NVLink (Azure's) on NVSwitch machines
+    else if (a == "--csv")
+      csv = true;
+    else if (a == "--hierarchical")
+      hierarchical = true;
+    else
+      throw mt::ConfigError("predict: unknown argument '" + a + "' (trainer predict --help for usage)");
   }
   if (topo.empty()) throw mt::ConfigError("predict: --topo X.xml is required");
   mt::Topology t = mt::Topology::load(topo);
@@ -170,16 +178,19 @@ int predictCommand(const std::vector<std::string>& args) {
     spec.nvlink = true;
   }
   mt::CostModel model(spec);
+  // The cost model counts GPUs in an int; 2^24 is beyond any machine.
+  for (const int64_t n : nodesList)
+    if (n * model.spec().gpusPerNode > (int64_t{1} << 24))
+      throw mt::ConfigError("predict: --nodes " + std::to_string(n) + ": " + std::to_string(n) +
+                            " nodes of " + std::to_string(model.spec().gpusPerNode) +
+                            " GPUs are more than 16777216 GPUs");
   const double grads = params * gradBytes;
   if (csv) std::printf("nodes,gpus,fabric,busbw_gbs,comm_ms,exposed_ms,step_ms,efficiency,busbw_1g_gbs\n");
   else std::printf("# %s\n# gradients %.0f MB, buckets %.0f MB, compute %.1f ms/step (backward %.0f%%)\n# %5s %5s %10s %10s %10s %10s %10s %10s\n",
                    model.spec().str().c_str(), grads / 1e6, bucketMb, computeMs, backwardFraction * 100, "nodes", "gpus",
                    "busbw", "comm ms", "exposed", "step ms", "eff", "busbw 1GiB");
-  std::stringstream ss(nodesList);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const int nodes = std::atoi(item.c_str());
-    if (nodes <= 0) throw mt::ConfigError("predict: --nodes needs positive integers");
+  for (const int64_t n : nodesList) {
+    const int nodes = static_cast<int>(n);
     mt::StepEstimate e = model.step(grads, bucketMb * 1024 * 1024, computeMs, backwardFraction, nodes);
     const int gpus = nodes * model.spec().gpusPerNode;
     // A large all-reduce (nccl-tests' 1 GiB point): the bandwidth regime, where fabrics differ.
@@ -195,9 +206,8 @@ int predictCommand(const std::vector<std::string>& args) {
     else std::printf("# all-reduce, flat (NCCL over all GPUs) vs hierarchical (node RS, rail AR, node AG)\n"
                      "# %5s %5s %14s %14s %12s %12s\n", "nodes", "gpus", "bucket flat us", "bucket hier us",
                      "1GiB flat ms", "1GiB hier ms");
-    std::stringstream again(nodesList);
-    while (std::getline(again, item, ',')) {
-      const int nodes = std::atoi(item.c_str());
+    for (const int64_t n : nodesList) {
+      const int nodes = static_cast<int>(n);
       const int gpus = nodes * model.spec().gpusPerNode;
       const double bf = model.allReduce(bucket, nodes).us, bh = model.hierarchicalAllReduce(bucket, nodes).us;
       const double gf = model.allReduce(gib, nodes).us / 1e3, gh = model.hierarchicalAllReduce(gib, nodes).us / 1e3;

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -50,10 +52,14 @@ Profile Profile::parse(const std::string& text, const std::string& path) {
       if (!parseFabric(value, &f)) fail("fabric='" + value + "': expected ib, roce, efa or socket");
       p.hints[key] = value;
     } else if (key == "nic_gbps" || key == "nic_efficiency") {
+      // nan passes every comparison and 1e309 parses as inf: the cost model then predicted with them.
+      const double hi = key == "nic_gbps" ? kMaxNicGbps : 1;
       char* end = nullptr;
+      errno = 0;
       const double v = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || v <= 0 || (key == "nic_efficiency" && v > 1))
-        fail(key + "='" + value + "': expected a positive number" + (key == "nic_efficiency" ? " <= 1" : ""));
+      if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v <= 0 || v > hi)
+        fail(key + "='" + value + "': expected a finite number in (0, " +
+             (key == "nic_gbps" ? "100000" : "1") + "]");
       p.hints[key] = value;
     } else if (key.rfind("NCCL_", 0) == 0) {
       NcclParamCheck c = checkNcclParam(key, value);
@@ -120,11 +126,12 @@ Profile Profile::load(const std::string& nameOrPath, const std::string& dir) {
   const bool isPath = nameOrPath.find('/') != std::string::npos ||
                       (nameOrPath.size() > 4 && nameOrPath.substr(nameOrPath.size() - 4) == ".env");
   if (!isPath) path = dir + "/" + nameOrPath + ".env";
-  std::string text;
-  if (!readWholeFile(path, &text)) {
+  std::string text, why;
+  if (!readWholeFile(path, &text, &why)) {
     std::string known;
     for (const auto& n : listProfiles(dir)) known += (known.empty() ? "" : ", ") + n;
-    throw ConfigError("profile " + path + ": cannot be read" + (isPath ? "" : " (profiles in " + dir + ": " + known + ")"));
+    throw ConfigError("profile " + path + ": cannot be read: " + why +
+                      (isPath ? "" : " (profiles in " + dir + ": " + known + ")"));
   }
   Profile p = parse(text, path);
   p.name = isPath ? path : nameOrPath;

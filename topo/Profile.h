@@ -7,7 +7,8 @@
 // set is logged and written to the run directory.
 //
 // meshtrain keys (lower case, not exported): fabric = ib|roce|efa|socket, nic_gbps = N (link speed
-// per NIC port for the cost model when the topology file lacks it), nic_efficiency = 0..1.
+// per NIC port for the cost model when the topology file lacks it; a finite number in (0, 100000]),
+// nic_efficiency (a finite number in (0, 1]).
 //
 // Per-communicator NCCL config (ncclConfig_t, NCCL backend only): comm.<scope>.<field> = value,
 // scope = all | world | intra (the node communicators: hierarchical all-reduce's node phases,
@@ -24,6 +25,8 @@
 #include "comm/CommTuning.h"
 
 namespace mt {
+
+constexpr double kMaxNicGbps = 100000;  // nic_gbps: 100 Tb/s, far above any NIC
 
 struct ProfileEntry {
   std::string key, value;

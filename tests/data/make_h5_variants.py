@@ -101,4 +101,47 @@ def test_32x32(f):
 
 
 write("test_split_mismatch", extra=test_32x32)
+
+
+# num_classes attributes that are not a count: each a DataError naming file, attribute and value.
+# With a test split, so that only the attribute is wrong (the trainer used to train on these).
+def attr(obj, value):
+    def put(f):
+        test_split(f)
+        f[obj].attrs["num_classes"] = value
+    return put
+
+
+for name, obj, value in (("zero", "train/labels", 0), ("negative", "/", -3), ("huge", "train/labels", 2**40),
+                         ("float", "train/labels", 10.5), ("string", "/", "10"),
+                         ("array", "train/labels", np.array([10, 10])), ("u64", "/", np.uint64(2**63 + 1))):
+    write("num_classes_" + name, extra=attr(obj, value))
+
+
+# Token streams (meshtrain-tokens), 4096 ids per split, for TokenDataset and the trainer's GPT.
+def tokens(name, train, test=None, vocab=None, root_vocab=None, dtype=np.uint16):
+    with h5py.File(os.path.join(out, name + ".h5"), "w") as f:
+        if root_vocab is not None:
+            f.attrs["vocab_size"] = root_vocab
+        for split, ids in (("train", train), ("test", train if test is None else test)):
+            d = f.create_group(split).create_dataset("tokens", data=np.asarray(ids).astype(dtype), chunks=(1024,))
+            if vocab is not None:
+                d.attrs["vocab_size"] = vocab
+
+
+ids = rng.integers(0, 100, size=4096)
+tokens("tokens_good", ids, vocab=100)
+for name, value in (("zero", 0), ("negative", -1), ("huge", 2**31), ("float", 100.0), ("string", "100")):
+    tokens("tokens_vocab_" + name, ids, root_vocab=value)
+beyond = ids.copy()
+beyond[3000] = 150  # the vocab_size attribute says 100
+tokens("tokens_beyond_vocab", beyond, vocab=100)
+wraps = ids.astype(np.uint32)
+wraps[40] = 2**31 + 5  # no vocab_size: cast to int32 this id turned negative
+tokens("tokens_u32_wraps", wraps, dtype=np.uint32)
+# No vocab_size anywhere: the train split's ids give the model's vocabulary (100), the test split
+# holds an id above it.
+test_ids = ids.copy()
+test_ids[2000] = 180
+tokens("tokens_test_beyond_train", ids, test=test_ids)
 print(f"wrote variants to {out}")

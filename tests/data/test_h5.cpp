@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "data/ImageDataset.h"
+#include "data/TokenDataset.h"
 #include "tests/common/TestUtil.h"
 
 namespace mt {
@@ -86,6 +87,67 @@ TEST(H5, BadFilesAreClearErrors) {
   expectDataError(variant("truncated_chunked"), 1, "truncated");
   expectDataError(variant("does_not_exist"), 1, "No such file or directory");
   expectDataError(variant("lzf"), 1, "/train/images is compressed with HDF5 filter lzf (id 32000)");
+}
+
+// A num_classes that is not a count (zero, negative, huge, a float, a string, an array, a u64 above
+// int64) was ignored (or, for an array, read past its one-value buffer): each is refused, naming
+// the file, the attribute and what it holds.
+TEST(H5, BadClassCountAttributesAreRefused) {
+  expectDataError(variant("num_classes_zero"), 1,
+                  "attribute num_classes of /train/labels = 0 is outside [1, 2147483647]");
+  expectDataError(variant("num_classes_negative"), 1,
+                  "attribute num_classes of / = -3 is outside [1, 2147483647]");
+  expectDataError(variant("num_classes_huge"), 1,
+                  "num_classes of /train/labels = 1099511627776 is outside [1, 2147483647]");
+  expectDataError(variant("num_classes_float"), 1,
+                  "attribute num_classes of /train/labels is of type f64, expected one integer");
+  expectDataError(variant("num_classes_string"), 1,
+                  "attribute num_classes of / is of type string, expected one integer");
+  expectDataError(variant("num_classes_array"), 1,
+                  "attribute num_classes of /train/labels is 2 values of i64");
+  expectDataError(variant("num_classes_u64"), 1,
+                  "attribute num_classes of / = 9223372036854775809 does not fit int64");
+}
+
+// Every window of a token split, read as the loader reads them (streamed, or from memory).
+void readAllWindows(const std::string& file, bool memory) {
+  H5File f = H5File::open(file);
+  TokenDataset ds(f, "train", 64, 1);
+  if (memory) ds.loadIntoMemory();
+  std::vector<int32_t> inputs(64);
+  std::vector<int64_t> targets(64);
+  for (int64_t i = 0; i < ds.size(); ++i)
+    ds.read(i, inputs.data(), targets.data(), nullptr);
+}
+
+void expectTokenError(const std::string& name, const std::string& needle) {
+  for (bool memory : {false, true}) {
+    const std::string file = variant(name);
+    try {
+      readAllWindows(file, memory);
+      FAIL() << "no error for " << file << (memory ? " in memory" : " streamed");
+    } catch (const DataError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(file), std::string::npos) << msg;
+      EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(H5, BadVocabularyAttributesAndTokenIdsAreRefused) {
+  EXPECT_NO_THROW(readAllWindows(variant("tokens_good"), false));
+  EXPECT_NO_THROW(readAllWindows(variant("tokens_good"), true));
+  expectTokenError("tokens_vocab_zero", "attribute vocab_size of / = 0 is outside [1, 2147483647]");
+  expectTokenError("tokens_vocab_negative", "attribute vocab_size of / = -1 is outside [1, 2147483647]");
+  expectTokenError("tokens_vocab_huge", "attribute vocab_size of / = 2147483648 is outside [1, 2147483647]");
+  expectTokenError("tokens_vocab_float", "attribute vocab_size of / is of type f64, expected one integer");
+  expectTokenError("tokens_vocab_string",
+                   "attribute vocab_size of / is of type string, expected one integer");
+  // An id the vocab_size attribute does not cover, and one a cast to int32 would make negative:
+  // named with the dataset and the index, whether the split is streamed or in memory.
+  expectTokenError("tokens_beyond_vocab",
+                   "dataset /train/tokens[3000] = 150 is outside [0, 100) (its vocab_size");
+  expectTokenError("tokens_u32_wraps", "dataset /train/tokens[40] = 2147483653 is outside [0, 2147483647)");
 }
 
 TEST(H5, WriterRoundTrip) {

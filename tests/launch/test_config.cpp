@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "comm/Compression.h"
 #include "core/DType.h"
@@ -154,6 +156,46 @@ TEST(ConfigTable, ReferenceHasEveryKeyOnce) {
     ASSERT_NE(at, std::string::npos) << k.key;
     EXPECT_EQ(md.find(cell, at + 1), std::string::npos) << k.key;
   }
+}
+
+// The ConfigError message of Settings::fromConfig over the defaults and `args`, or "".
+std::string settingsErrorOf(const std::vector<std::string>& args) {
+  try {
+    Settings::fromConfig(Config::fromArgs(args));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// run.name = .. put the run's lock, files and checkpoints in run.dir's parent, "." in run.dir itself.
+TEST(Settings, RunNameStaysInsideRunDir) {
+  for (const std::string name : {"..", ".", "a/../..", "/etc", "a/b", "../x"}) {
+    const std::string e = settingsErrorOf({"--run.name=" + name});
+    EXPECT_NE(e.find("--run.name=" + name + ": must be a plain name inside run.dir"), std::string::npos)
+        << name << ": " << e;
+  }
+  for (const std::string name : {"..x", ".hidden", "a.b", "run-1"})
+    EXPECT_EQ(settingsErrorOf({"--run.name=" + name}), "") << name;
+}
+
+// MT_LOG_LEVEL=verbose was ignored without a word (the run logged at info).
+TEST(Settings, UnknownLogLevelInTheEnvironmentIsRefused) {
+  const LogLevel before = logLevel();
+  setenv("MT_LOG_LEVEL", "verbose", 1);
+  const std::string e = settingsErrorOf({});
+  EXPECT_NE(
+      e.find("environment variable MT_LOG_LEVEL='verbose' is not a log level: expected debug, info, warn or "
+             "error"),
+      std::string::npos)
+      << e;
+  setenv("MT_LOG_LEVEL", "warn", 1);
+  EXPECT_EQ(settingsErrorOf({"--run.log_level=debug"}), "");
+  EXPECT_EQ(logLevel(), LogLevel::kWarn);  // the environment wins over run.log_level
+  unsetenv("MT_LOG_LEVEL");
+  EXPECT_EQ(settingsErrorOf({"--run.log_level=error"}), "");
+  EXPECT_EQ(logLevel(), LogLevel::kError);
+  setLogLevel(before);
 }
 
 }  // namespace

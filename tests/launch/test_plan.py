@@ -81,6 +81,38 @@ class Plan(unittest.TestCase):
             self.assertEqual(p.returncode, 2, args)
             self.assertIn(msg, p.stderr + p.stdout, args)
 
+    def test_hostile_numbers_exit_2_naming_the_option(self):
+        # Each was accepted: --gpu-memory inf "fits", 1e30 ranks became -2^63, 2.5 ranks 2, "2abc" 2;
+        # a batch of 2^62 planned "0 B" of activations and 2^46 a negative byte count (int64 overflow).
+        mlp = ["--config", os.path.join(SRC, "configs/fashion_mlp.ini"), f"--data.path={FASHION}"]
+        gpt = ["--config", os.path.join(SRC, "configs/gpt_tiny.ini"), f"--data.path={TOKENS}"]
+        for args, needles in (
+                (mlp + ["--gpu-memory", "inf"], ["plan: --gpu-memory inf: expected a finite number in (0, 1048576]"]),
+                (mlp + ["--gpu-memory=nan"], ["plan: --gpu-memory nan: expected a finite number"]),
+                (mlp + ["--gpu-memory", "-1"], ["plan: --gpu-memory -1: expected a finite number"]),
+                (mlp + ["--ranks", "1e30"], ["plan: --ranks 1e30: expected an integer in [1, 1048576]"]),
+                (mlp + ["--ranks", "2.5"], ["plan: --ranks 2.5: expected an integer"]),
+                (mlp + ["--ranks=2abc"], ["plan: --ranks 2abc: expected an integer"]),
+                (mlp + ["--gpus-per-node", "99999"], ["plan: --gpus-per-node 99999: expected an integer in [1, 1024]"]),
+                (mlp + ["--train.batch_size=4611686018427387904"],
+                 ["--train.batch_size=4611686018427387904", "more than 2^60 bytes"]),
+                (gpt + ["--train.batch_size=70368744177664"], ["--train.batch_size=70368744177664",
+                                                              "more than 2^60 bytes"]),
+                (gpt + ["--model.channels=4294967296", "--model.heads=1"], ["model.channels", "more than 2^60 bytes"])):
+            p = subprocess.run([TRAINER, "plan", *args], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, f"{args}: {p.stdout}{p.stderr}")
+            for n in needles:
+                self.assertIn(n, p.stderr, args)
+            self.assertNotIn(" -", p.stdout, "a negative byte count")
+        # Large but representable: planned, every count positive, nothing wrapped.
+        p = subprocess.run([TRAINER, "plan", *gpt, "--train.batch_size=1099511627776", "--json"], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        j = json.loads(p.stdout.strip().splitlines()[-1])
+        self.assertTrue(all(i["bytes"] >= 0 for i in j["items"]), j["items"])
+        self.assertGreater(j["activation_bytes"], 2**58)
+        self.assertGreaterEqual(j["device_bytes"], j["activation_bytes"])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

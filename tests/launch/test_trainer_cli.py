@@ -11,6 +11,7 @@ import unittest
 TRAINER = os.environ["TRAINER"]
 FASHION = os.environ["FASHION_H5"]
 VARIANTS = os.environ["H5_VARIANTS"]
+SRC = os.environ["SOURCE_DIR"]
 
 
 def run(args, np=1, timeout=300, env=None):
@@ -128,7 +129,10 @@ class BadInput(unittest.TestCase):
         for env, needles, np in [({"MT_NODE_SPLIT": "3"}, ["MT_NODE_SPLIT=3 does not divide the world size 4"], 4),
                                  ({"MT_NODE_SPLIT": "abc"}, ["MT_NODE_SPLIT='abc' is not an integer"], 2),
                                  ({"MT_NUM_THREADS": "100000"}, ["MT_NUM_THREADS='100000' is out of range"], 1),
-                                 ({"MT_COMM_TIMEOUT_S": "99999999999"}, ["MT_COMM_TIMEOUT_S", "out of range"], 1)]:
+                                 ({"MT_COMM_TIMEOUT_S": "99999999999"}, ["MT_COMM_TIMEOUT_S", "out of range"], 1),
+                                 # was ignored without a word (the run logged at info)
+                                 ({"MT_LOG_LEVEL": "verbose"}, ["MT_LOG_LEVEL='verbose' is not a log level",
+                                                                "debug, info, warn or error"], 2)]:
             code, out, err = run([f"--run.dir={self.dir}", "--train.max_steps=1"], np=np, env=env)
             self.assertEqual(code, 2, f"{env}: exit code {code}\n{err}")
             lines = error_lines(err)
@@ -147,6 +151,47 @@ class BadInput(unittest.TestCase):
             for mode in ("stream", "memory"):
                 self.expect_error([f"--data.path={bad}", f"--data.mode={mode}"], [bad] + needles, np=np)
             self.assertLess(time.time() - t0, 120, variant)
+
+    def test_run_name_stays_inside_run_dir(self):
+        # run.name = .. wrote the run (lock, config.ini, metrics, checkpoints) into run.dir's parent.
+        runs = os.path.join(self.dir, "runs")
+        for name in ("..", ".", "a/../..", "/tmp/x"):
+            code, out, err = run([f"--data.path={FASHION}", "--train.max_steps=1", f"--run.dir={runs}",
+                                  f"--run.name={name}"], np=2)
+            self.assertEqual(code, 2, f"{name}: exit code {code}\n{err}")
+            lines = error_lines(err)
+            self.assertEqual(len(lines), 1, err)
+            self.assertIn(f"--run.name={name}: must be a plain name inside run.dir", lines[0])
+            self.assertEqual([f for f in os.listdir(self.dir) if f != "runs"], [], f"{name}: written outside run.dir")
+
+    def test_bad_count_attributes_and_token_ids_name_the_file(self):
+        # num_classes / vocab_size that are no count were ignored; a token id outside the vocabulary
+        # (or one a cast to int32 made negative) was "embedding index 150 out of range for
+        # vocabulary 128", naming neither the file nor where in it.
+        gpt = ["--config", os.path.join(SRC, "configs/gpt_tiny.ini"), "--train.max_steps=12",
+               "--train.eval_interval=6"]
+        mlp = ["--train.batch_size=20", "--train.max_steps=2"]  # 103 images; 205c237 trained on these
+        for variant, needles, extra in [
+                ("num_classes_zero", ["attribute num_classes of /train/labels = 0 is outside [1, 2147483647]"], mlp),
+                ("num_classes_float", ["attribute num_classes of /train/labels is of type f64, expected one integer"],
+                 mlp),
+                ("num_classes_array", ["attribute num_classes of /train/labels is 2 values of i64"], mlp),
+                ("tokens_vocab_huge", ["attribute vocab_size of / = 2147483648 is outside [1, 2147483647]"], gpt),
+                ("tokens_beyond_vocab", ["dataset /train/tokens[3000] = 150 is outside [0, 100)", "vocab_size"], gpt),
+                ("tokens_u32_wraps", ["dataset /train/tokens[40] = 2147483653 is outside [0, 2147483647)"], gpt),
+                ("tokens_test_beyond_train", ["dataset /test/tokens[2000] = 180 is outside [0, 100)",
+                                              "the model's vocabulary"], gpt)]:
+            bad = os.path.join(VARIANTS, variant + ".h5")
+            for mode in ("stream", "memory"):
+                # A streamed bad id is met in training: its rank ends the job and the others say so,
+                # all exiting 2 (abortJob), so the message is the one line naming the file.
+                code, out, err = run(extra + [f"--data.path={bad}", f"--data.mode={mode}", f"--run.dir={self.dir}",
+                                              f"--run.name={variant}-{mode}"], np=2)
+                self.assertEqual(code, 2, f"{variant} {mode}: exit code {code}\n{err}")
+                lines = [l for l in err.splitlines() if f"error: data file {bad}: " in l]
+                self.assertTrue(lines, f"{variant} {mode}: no line naming the file\n{err}")
+                for n in needles:
+                    self.assertIn(n, lines[0], f"{variant} {mode}")
 
     def test_fletcher32_corruption_is_detected(self):
         # The checksum was stripped, not verified: a flipped byte trained silently.

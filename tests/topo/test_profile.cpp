@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <utility>
 
 #include "core/Error.h"
 #include "topo/Profile.h"
@@ -104,6 +108,41 @@ TEST(Profile, ConfigFieldAndItsOverridingVariableAreRefused) {
   // traffic_class has no overriding variable; unrelated variables do not matter.
   EXPECT_NO_THROW(Profile::parse("comm.all.traffic_class=3\n", "t.env").checkTuningAgainst({"NCCL_IB_TC=5 (environment)"}));
   EXPECT_NO_THROW(p.checkTuningAgainst({"NCCL_MIN_CTAS=2 (environment)"}));
+}
+
+// nan passes every comparison and 1e309 parses as inf: both reached the cost model. Each fabric
+// number must be finite and in its range, the message naming the file, line, key and value.
+TEST(Profile, NonFiniteAndOutOfRangeFabricNumbersAreRefused) {
+  for (const std::string v : {"nan", "NaN", "inf", "-inf", "1e309", "100001", "0", "-5", "4e5x", "1e-320"})
+    expectProfileError("fabric = ib\nnic_gbps = " + v + "\n",
+                       "p.env:2: nic_gbps='" + v + "': expected a finite number in (0, 100000]");
+  for (const std::string v : {"nan", "inf", "1.5", "0"})
+    expectProfileError("nic_efficiency = " + v + "\n",
+                       "p.env:1: nic_efficiency='" + v + "': expected a finite number in (0, 1]");
+  Profile p = Profile::parse("nic_gbps = 400\nnic_efficiency = 0.94\n", "ok.env");
+  EXPECT_EQ(p.hints.at("nic_gbps"), "400");
+}
+
+// A directory given as the profile (a path, or a name whose .env is one) is refused saying so.
+TEST(Profile, ADirectoryIsNotAProfile) {
+  char tmpl[] = "/tmp/mt_profile_dir_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string named = dir + "/fabric.env";
+  ASSERT_EQ(mkdir(named.c_str(), 0755), 0);
+  for (const auto& [nameOrPath, file] : {std::pair<std::string, std::string>{dir, dir}, {"fabric", named}}) {
+    try {
+      Profile::load(nameOrPath, dir);
+      ADD_FAILURE() << "no error for " << nameOrPath;
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("profile " + file + ": cannot be read: not a regular file (a directory)"),
+                std::string::npos)
+          << msg;
+      EXPECT_EQ(e.exitCode(), ExitCode::kBadInput);
+    }
+  }
+  rmdir(named.c_str());
+  rmdir(dir.c_str());
 }
 
 }  // namespace

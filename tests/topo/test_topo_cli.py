@@ -92,6 +92,41 @@ class TopoCli(unittest.TestCase):
         self.assertLess(rows[1]["bucket_hier_us"], rows[1]["bucket_flat_us"])
         self.assertGreater(rows[0]["gib_hier_ms"], rows[0]["gib_flat_ms"])
 
+    def test_predict_refuses_hostile_numbers(self):
+        # Each was accepted: nan parameters printed a table of zeros, 1e9 nodes a negative GPU count,
+        # "2abc" nodes 2, a backward fraction of 5 more overlap than compute; a profile's nic_gbps
+        # of nan or 1e309 went into the model.
+        topo = ["predict", "--topo", os.path.join(SAMPLES, "oci-hpc-H100-topology.xml"), "--csv"]
+        with tempfile.TemporaryDirectory() as d:
+            profiles = []
+            for name, text in (("nan", "fabric = ib\nnic_gbps = nan\n"), ("huge", "nic_gbps = 1e309\n"),
+                               ("eff", "nic_efficiency = inf\n")):
+                path = os.path.join(d, name + ".env")
+                with open(path, "w") as f:
+                    f.write(text)
+                profiles.append(path)
+            for args, needle in (
+                    (["--params", "nan"], "predict: --params nan: expected a finite number in (0, 1e+15]"),
+                    (["--params", "inf"], "predict: --params inf: expected a finite number"),
+                    (["--nodes", "1000000000"], "predict: --nodes 1000000000: expected an integer in [1, 1048576]"),
+                    (["--nodes", "2abc"], "predict: --nodes 2abc: expected an integer"),
+                    (["--nodes", "1,,2"], "predict: --nodes 1,,2: expected comma-separated integers, none empty"),
+                    (["--backward-fraction", "5"], "predict: --backward-fraction 5: expected a finite number in (0, 1]"),
+                    (["--grad-bytes", "-1"], "predict: --grad-bytes -1: expected a finite number in (0, 16]"),
+                    (["--compute-ms", "1e400"], "predict: --compute-ms 1e400: expected a finite number"),
+                    (["--profile", profiles[0]], f"profile {profiles[0]}:2: nic_gbps='nan': expected a finite number"),
+                    (["--profile", profiles[1]], f"profile {profiles[1]}:1: nic_gbps='1e309'"),
+                    (["--profile", profiles[2]], f"profile {profiles[2]}:1: nic_efficiency='inf'"),
+                    (["--profile", d + "/"], f"profile {d}/: cannot be read: not a regular file (a directory)")):
+                p = run(topo + args)
+                self.assertEqual(p.returncode, 2, f"{args}: {p.stdout}{p.stderr}")
+                self.assertIn(needle, p.stderr, args)
+                self.assertNotIn("Traceback", p.stderr)
+        # The largest node count is still a positive GPU count.
+        p = run(topo + ["--nodes", "1048576"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip().splitlines()[1].split(",")[:2], ["1048576", "8388608"])
+
     def inter_overlap(self, d, name):
         """Steps (after warm-up) in which some bucket's or unit's inter-node phase started before
         backward's compute ended, over both nodes' rank 0 traces; and the number of steps looked at."""
