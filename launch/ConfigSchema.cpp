@@ -65,7 +65,7 @@ std::vector<KeyChoice> choicesOf(const EnumTable<E>& table) {
 const std::vector<ConfigKey>& configSchema() {
   static const std::vector<ConfigKey> kSchema = {
       // run
-      text("run.name", "fashion_mlp", "run name; the run directory is <run.dir>/<run.name>"),
+      text("run.name", "fashion_mlp", "run name, a plain name (no '/', not . or ..); the run directory is <run.dir>/<run.name>"),
       text("run.dir", "runs", "parent folder of run directories"),
       integer("run.lock_stale_s", "300", atLeast(30),
               "a run directory's lock (run.lock) left by a job on another host, container or boot is taken over "
