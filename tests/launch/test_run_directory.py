@@ -257,8 +257,10 @@ class FreshStartInAUsedDirectory(TempDir):
         self.assertEqual(proc.returncode, 0, out[-3000:])
         self.assertContains(out, "preempted at step")
         self.assertContains(out, "run the same command with --checkpoint.resume=auto")
-        # ... which resumes.
-        code, out, _ = run(1, args[:2] + ["--train.max_steps=20", "--checkpoint.resume=auto"])
+        # ... which resumes (past the step it stopped at: a fast loader gets beyond step 20 before
+        # the signal lands).
+        stopped = int(re.search(r"preempted at step (\d+)", out).group(1))
+        code, out, _ = run(1, args[:2] + [f"--train.max_steps={stopped + 20}", "--checkpoint.resume=auto"])
         self.assertContains(out, "resumed from")
 
 
