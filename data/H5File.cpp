@@ -145,7 +145,7 @@ bool H5File::hasDataset(const std::string& name) const {
   return info.type == H5O_TYPE_DATASET;
 }
 
-H5DatasetInfo H5File::describe(const std::string& name) const {
+H5DatasetInfo H5File::describe(const std::string& name, uint64_t listLimit) const {
   silenceHdf5();
   if (!hasDataset(name)) dataError(path_, "dataset " + name + " not found");
   H5Handle d(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
@@ -191,31 +191,68 @@ H5DatasetInfo H5File::describe(const std::string& name) const {
     std::vector<hsize_t> cdims(static_cast<size_t>(rank));
     H5_CHECK(H5Pget_chunk(dcpl.get(), rank, cdims.data()), path_, ": ", name);
     for (hsize_t v : cdims) info.chunkShape.push_back(static_cast<int64_t>(v));
-    hsize_t nchunks = 0;
+    hsize_t nchunks = 0;  // one walk of the index: linear
     H5_CHECK(H5Dget_num_chunks(d.get(), space.get(), &nchunks), path_, ": ", name);
-    info.chunks.reserve(nchunks);
-    std::vector<hsize_t> origin(static_cast<size_t>(rank));
-    for (hsize_t i = 0; i < nchunks; ++i) {
-      H5Chunk c;
-      unsigned mask = 0;
-      haddr_t addr = 0;
-      hsize_t size = 0;
-      H5_CHECK(H5Dget_chunk_info(d.get(), space.get(), i, origin.data(), &mask, &addr, &size), path_, ": ", name);
-      for (hsize_t v : origin) c.origin.push_back(static_cast<int64_t>(v));
-      c.address = addr;
-      c.size = size;
-      c.filterMask = mask;
-      if (addr != HADDR_UNDEF && addr + size > fileSize_)
-        dataError(path_, "dataset " + name + ": chunk at row " + std::to_string(c.origin[0]) +
-                             " lies past the end of the file (truncated file?)");
-      info.chunks.push_back(std::move(c));
-    }
-    std::sort(info.chunks.begin(), info.chunks.end(),
-              [](const H5Chunk& a, const H5Chunk& b) { return a.origin < b.origin; });
+    info.allocatedChunks = nchunks;
+    info.chunksListed = nchunks <= listLimit;
+    if (info.chunksListed) listChunks(d.get(), space.get(), nchunks, &info);
   } else {
     info.storage = H5Storage::kCompact;
   }
   return info;
+}
+
+// Every allocated chunk's origin, address, size and mask: n calls of H5Dget_chunk_info, each a walk
+// of the index up to its chunk (O(n^2) in all), so only for the few chunks under the listing limit.
+void H5File::listChunks(hid_t dataset, hid_t space, uint64_t nchunks, H5DatasetInfo* info) const {
+  const std::string& name = info->name;
+  info->chunks.reserve(nchunks);
+  std::vector<hsize_t> origin(info->shape.size());
+  for (hsize_t i = 0; i < nchunks; ++i) {
+    H5Chunk c;
+    unsigned mask = 0;
+    haddr_t addr = 0;
+    hsize_t size = 0;
+    H5_CHECK(H5Dget_chunk_info(dataset, space, i, origin.data(), &mask, &addr, &size), path_, ": ", name);
+    for (hsize_t v : origin)
+      c.origin.push_back(static_cast<int64_t>(v));
+    c.address = addr;
+    c.size = size;
+    c.filterMask = mask;
+    if (addr != HADDR_UNDEF && addr + size > fileSize_)
+      dataError(path_, "dataset " + name + ": chunk at row " + std::to_string(c.origin[0]) +
+                           " lies past the end of the file (truncated file?)");
+    info->chunks.push_back(std::move(c));
+  }
+  std::sort(info->chunks.begin(), info->chunks.end(),
+            [](const H5Chunk& a, const H5Chunk& b) { return a.origin < b.origin; });
+}
+
+H5Handle H5File::openDataset(const std::string& name) const {
+  silenceHdf5();
+  H5Handle d(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!d.valid()) dataError(path_, "cannot open dataset " + name + ": " + detail::hdf5ErrorString());
+  return d;
+}
+
+bool H5File::readRawChunk(hid_t dataset, const H5DatasetInfo& info, const std::vector<int64_t>& origin,
+                          std::vector<char>* raw, uint32_t* filterMask) const {
+  silenceHdf5();  // per thread: the loader's workers call this
+  const std::vector<hsize_t> offset(origin.begin(), origin.end());
+  const std::string what = "chunk at row " + std::to_string(origin[0]) + " of " + info.name;
+  hsize_t bytes = 0;
+  if (H5Dget_chunk_storage_size(dataset, offset.data(), &bytes) < 0)
+    dataError(path_, "cannot find " + what + ": " + detail::hdf5ErrorString());
+  if (bytes == 0) return false;
+  // A corrupt index must not size a buffer past what the file can hold.
+  if (bytes > fileSize_)
+    dataError(path_, what + " claims " + std::to_string(bytes) + " bytes, more than the file's " +
+                         std::to_string(fileSize_) + " (corrupt file?)");
+  raw->resize(bytes);
+  if (H5Dread_chunk(dataset, H5P_DEFAULT, offset.data(), filterMask, raw->data()) < 0)
+    dataError(path_,
+              "cannot read " + what + ": " + detail::hdf5ErrorString() + " (truncated or corrupt file?)");
+  return true;
 }
 
 void H5File::readRows(const H5DatasetInfo& info, int64_t start, int64_t count, void* dst) const {

@@ -4,6 +4,13 @@
 // starts, and the address, size and filter mask of every chunk. Bulk reads then go around the
 // library (RowReader: pread + our own inflate/unshuffle in the loader's threads). One H5File per
 // file per process; HDF5_USE_FILE_LOCKING is left to HDF5 unless the config forces locking.
+//
+// Listing the chunks is quadratic in HDF5 1.10 (Debian 12 has 1.10.8, without H5Dchunk_iter):
+// H5Dget_chunk_info(i) and H5Dget_chunk_info_by_coord both walk the chunk index from its first
+// entry, so a dataset written one sample per chunk (60,000 chunks) took 48 s to describe. Datasets
+// of more than kListedChunkLimit chunks are therefore not listed: RowReader fetches each chunk it
+// reads by its coordinates (H5Dget_chunk_storage_size + H5Dread_chunk, one lookup in the B-tree
+// or array index each, under the library's lock for the raw bytes only) and decodes it itself.
 
 #include <hdf5.h>
 
@@ -77,7 +84,9 @@ struct H5DatasetInfo {
   Shape chunkShape;
   std::vector<H5Filter> filters;  // pipeline in write order
   std::vector<std::string> unavailableFilters;  // "lzf (id 32000)": filters this HDF5 cannot decode
-  std::vector<H5Chunk> chunks;    // chunked: every allocated chunk, row-major by origin
+  std::vector<H5Chunk> chunks;   // chunked and chunksListed: every allocated chunk, row-major by origin
+  bool chunksListed = true;      // chunked: false above the listing limit (chunks then empty)
+  uint64_t allocatedChunks = 0;  // chunked: chunks with storage in the file (H5Dget_num_chunks)
   bool littleEndian = true;
   // Whether RowReader can read it without the library: contiguous unfiltered, or chunked with
   // deflate/shuffle/fletcher32 only, in native byte order.
@@ -88,6 +97,10 @@ struct H5DatasetInfo {
 // The most classes (num_classes) or token ids (vocab_size) a file may declare: labels and ids are
 // int32 in the GPU kernels and token batches.
 constexpr int64_t kMaxIdCount = 2147483647;
+
+// The most chunks describe() lists (at most ~10 ms of H5Dget_chunk_info calls on a v1 B-tree,
+// ~50 ms on a 1.10 extensible array); above it chunks are found one by one as they are read.
+constexpr uint64_t kListedChunkLimit = 1024;
 
 enum class FileLocking { kAuto, kOn, kOff };  // auto: whatever HDF5_USE_FILE_LOCKING says
 const EnumTable<FileLocking>& fileLockings();
@@ -107,8 +120,16 @@ class H5File {
   int fd() const { return fd_; }
   uint64_t fileSize() const { return fileSize_; }
   bool hasDataset(const std::string& name) const;
-  // Throws DataError "<file>: dataset <name> not found" when missing.
-  H5DatasetInfo describe(const std::string& name) const;
+  // Throws DataError "<file>: dataset <name> not found" when missing. Chunks are listed when there
+  // are at most listLimit of them (tests pass 0 to take the unlisted path on small files).
+  H5DatasetInfo describe(const std::string& name, uint64_t listLimit = kListedChunkLimit) const;
+  // The dataset open, for readRawChunk. Throws DataError naming it.
+  H5Handle openDataset(const std::string& name) const;
+  // The stored (still filtered) bytes of the chunk at `origin` of an open dataset and its filter
+  // mask, found through HDF5's chunk index. False when the chunk has no storage (fill value).
+  // Throws DataError naming the file, dataset and row. Takes HDF5's global lock.
+  bool readRawChunk(hid_t dataset, const H5DatasetInfo& info, const std::vector<int64_t>& origin,
+                    std::vector<char>* raw, uint32_t* filterMask) const;
   // Rows [start, start+count) of dimension 0 through the library (used where RowReader cannot).
   void readRows(const H5DatasetInfo& info, int64_t start, int64_t count, void* dst) const;
   // A whole dataset as a CPU tensor (f32, f64, i32, i64, u8; u16 with a "dtype" attribute of bf16
@@ -124,6 +145,7 @@ class H5File {
   int64_t readCountAttribute(const std::string& object, const std::string& attr, int64_t hi) const;
 
  private:
+  void listChunks(hid_t dataset, hid_t space, uint64_t nchunks, H5DatasetInfo* info) const;
   std::string path_;
   H5Handle file_;
   int fd_ = -1;

@@ -2,7 +2,9 @@
 // Reads rows (indices of dimension 0) of one dataset without going through HDF5, so loader threads
 // run in parallel instead of queueing on the library's global lock: contiguous data by pread at
 // the dataset's file offset, chunked data by pread of the raw chunk and our own inflate (zlib) and
-// unshuffle. Datasets with other filters fall back to H5Dread under the lock.
+// unshuffle. A dataset of too many chunks to list (H5File.h) has each chunk's raw bytes fetched
+// through HDF5's index (H5Dread_chunk, under the lock) and decoded here, outside it. Datasets with
+// other filters fall back to H5Dread under the lock.
 
 #include <cstdint>
 #include <list>
@@ -60,7 +62,16 @@ class RowReader {
  private:
   void readContiguous(int64_t start, int64_t count, char* dst) const;
   void readChunked(int64_t start, int64_t count, char* dst, ChunkCache* cache) const;
+  void readUnlistedChunks(int64_t start, int64_t count, char* dst, ChunkCache* cache) const;
+  // The part of a decoded chunk at `origin` within rows [start, end) into dst (rows from start).
+  void copyChunk(const std::vector<int64_t>& origin, const char* chunk, int64_t start, int64_t end,
+                 char* dst) const;
+  // Through the cache when one is given; `load` decodes the chunk on a miss.
+  template <class Load>
+  const std::vector<char>& cached(size_t key, ChunkCache* cache, std::vector<char>* local, Load load) const;
   std::vector<char> decodeChunk(size_t index) const;
+  std::vector<char> fetchChunk(const std::vector<int64_t>& origin) const;  // unlisted; empty: no storage
+  std::vector<char> decode(std::vector<char> raw, uint32_t filterMask, int64_t row) const;
   void preadAll(uint64_t offset, size_t bytes, char* dst) const;
 
   const H5File* file_;
@@ -70,7 +81,9 @@ class RowReader {
   bool sparse_ = false;                // some chunks never written (read as zeros)
   size_t expectedChunks_ = 0, allocatedChunks_ = 0;
   size_t chunkBytes_ = 0;              // decoded chunk size
-  std::vector<size_t> rowChunkBegin_;  // chunks [begin[k], begin[k+1]) start in chunk-row k
+  std::vector<size_t> rowChunkBegin_;  // listed: chunks [begin[k], begin[k+1]) start in chunk-row k
+  std::vector<int64_t> gridDims_;      // chunks along each dimension
+  H5Handle dataset_;                   // unlisted: open for readRawChunk
   mutable std::mutex fallbackMutex_;   // the library path is serialised anyway; keep it explicit
 };
 

@@ -159,20 +159,26 @@ void writeNcclReport(const std::string& runDir, Communicator& world, int worldRa
   } else if (!file) {
     notes.push_back("NCCL_DEBUG_FILE is unset: NCCL's log went to the ranks' standard output");
   } else {
-    for (const auto& path : debugFiles(file)) {
-      std::string text;
-      if (!readWholeFile(path, &text)) continue;  // removed since it was listed
+    const std::vector<std::string> paths = debugFiles(file);
+    for (const auto& path : paths) {
+      // Bounded like every whole-file read (kWholeFileLimit, regular files only); the parser is
+      // linear and counts lines too long to keep (long_lines_skipped).
+      std::string text, why;
+      if (!readWholeFile(path, &text, &why)) {
+        notes.push_back(path + ": not read: " + why);  // removed since it was listed, or too large
+        continue;
+      }
       nlohmann::json one = toJson(parseNcclDebugLog(text));
       one["file"] = path;
       logs.push_back(one);
     }
-    if (logs.empty()) notes.push_back(std::string("no file matches NCCL_DEBUG_FILE=") + file);
+    if (paths.empty()) notes.push_back(std::string("no file matches NCCL_DEBUG_FILE=") + file);
   }
   j["nccl_logs"] = logs;
   j["notes"] = notes;
   const std::string out = runDir + "/nccl_report.json";
   std::ofstream f(out);
-  f << j.dump(2) << "\n";
+  f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";  // NCCL's logs are not UTF-8
   if (!f) throw IoError("cannot write " + out);
   MT_LOG_INFO << "wrote " << out << " (" << comms.size() << " communicator(s), " << logs.size()
               << " NCCL log(s))";

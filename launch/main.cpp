@@ -106,9 +106,13 @@ int topoCommand(const std::vector<std::string>& args) {
                             "--nccl-log FILE; --help)");
   }
   if (!ncclLog.empty()) {  // what NCCL chose, read from its NCCL_DEBUG=INFO output
-    std::string text;
-    if (!mt::readWholeFile(ncclLog, &text)) throw mt::ConfigError("topo: --nccl-log " + ncclLog + ": cannot read it");
-    std::cout << mt::toJson(mt::parseNcclDebugLog(text)).dump(2) << "\n";
+    std::string text, why;
+    if (!mt::readWholeFile(ncclLog, &text, &why))
+      throw mt::ConfigError("topo: --nccl-log " + ncclLog + ": cannot read it: " + why);
+    // A log is bytes, not UTF-8: a stray byte is written as U+FFFD (a strict dump() threw on it).
+    std::cout << mt::toJson(mt::parseNcclDebugLog(text))
+                     .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
     return 0;
   }
   if (file.empty()) throw mt::ConfigError("topo: --file X.xml is required");

@@ -6,14 +6,22 @@
 // profile's effect is seen in what NCCL did rather than in what was exported.
 //
 // The lines are NCCL's INFO lines, "host:pid:tid [dev] NCCL INFO <message>". Lines of other
-// subsystems or of other formats are skipped; nothing here depends on NCCL's build.
+// subsystems or of other formats are skipped; nothing here depends on NCCL's build. Parsing takes
+// time linear in the text and no stack per character (a hand-written scanner, no std::regex);
+// a line longer than kNcclLogMaxLineBytes is not parsed but counted, with a warning naming it.
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace mt {
+
+// The longest line parsed: a ring of 131,072 ranks ("Channel 00/02 : 0 1 ... 131071", ~0.8 MB)
+// fits; a longer line is no ring NCCL prints for any job that exists, and keeping it would put
+// megabytes of one line into nccl_report.json.
+constexpr size_t kNcclLogMaxLineBytes = 1u << 20;
 
 struct NcclLogComm {
   std::string id;  // NCCL's comm pointer, e.g. "0x55d0c1a0" (unique within one process)
@@ -37,6 +45,8 @@ struct NcclLogSummary {
   std::vector<std::string> system;  // NCCL's topology as it detected it ("=== System ..." block)
   std::vector<NcclLogComm> comms;   // in the order NCCL initialised them
   int linesRead = 0, infoLines = 0;
+  int longLinesSkipped = 0;           // lines over kNcclLogMaxLineBytes, not parsed
+  std::vector<std::string> warnings;  // "line 7: 7000000 bytes, more than ...": the first few
 };
 
 NcclLogSummary parseNcclDebugLog(const std::string& text);

@@ -144,4 +144,22 @@ tokens("tokens_u32_wraps", wraps, dtype=np.uint32)
 test_ids = ids.copy()
 test_ids[2000] = 180
 tokens("tokens_test_beyond_train", ids, test=test_ids)
+
+# Chunk indexes of the latest file format (fixed array, extensible array, v2 B-tree, single
+# chunk) next to the default v1 B-tree, for both of RowReader's chunk paths (listed, looked up).
+with h5py.File(os.path.join(out, "latest_formats.h5"), "w", libver="latest") as f:
+    f.create_dataset("fixed_array", data=images, chunks=(1, 28, 28, 1))
+    f.create_dataset("extensible_array", data=images, chunks=(1, 28, 28, 1), maxshape=(None, 28, 28, 1))
+    f.create_dataset("btree2", data=images, chunks=(3, 14, 28, 1), maxshape=(None, None, 28, 1), compression="gzip")
+    f.create_dataset("single_chunk", data=images, chunks=images.shape, shuffle=True, compression="gzip")
+
+# One sample per chunk, as a dataset appended sample by sample is stored (maxshape None along the
+# samples): 100,000 chunks of images and as many of labels. HDF5 1.10 lists chunk i by walking its
+# index from the start, so listing them all took minutes. Image i is (i * 7 + j) % 251 at byte j.
+n = 100_000
+many = ((np.arange(n, dtype=np.int64)[:, None] * 7 + np.arange(64)) % 251).astype(np.uint8).reshape(n, 8, 8, 1)
+with h5py.File(os.path.join(out, "one_per_chunk.h5"), "w") as f:
+    g = f.create_group("train")
+    g.create_dataset("images", data=many, chunks=(1, 8, 8, 1), maxshape=(None, 8, 8, 1))
+    g.create_dataset("labels", data=np.arange(n, dtype=np.int64) % 10, chunks=(1,), maxshape=(None,))
 print(f"wrote variants to {out}")

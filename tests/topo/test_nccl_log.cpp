@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <string>
+
 #include "topo/NcclLog.h"
 
 namespace mt {
@@ -103,6 +106,86 @@ TEST(NcclLog, EmptyAndForeignTextGiveNothing) {
   EXPECT_TRUE(s.comms.empty());
   EXPECT_EQ(s.infoLines, 0);
   EXPECT_EQ(s.linesRead, 3);
+}
+
+// Real rings are one line per channel with every rank of the communicator: a 16,384-rank job's
+// is 87 KB. std::regex matched "(?:\s+\d+)+" by recursion per rank and overflowed the stack
+// (trainer topo --nccl-log and topo.report died with SIGSEGV); the scanner is linear and stackless.
+const char* kInfoHead = "nodeA:4242:4250 [0] NCCL INFO ";
+
+std::string ringLine(int ranks, std::string* ring) {
+  std::string line = std::string(kInfoHead) + "Channel 00/02 :";
+  *ring = "00/02 :";
+  for (int r = 0; r < ranks; ++r) {
+    line += " " + std::to_string(r);
+    *ring += " " + std::to_string(r);
+  }
+  return line + "\n";
+}
+
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(NcclLog, RingOf16384RanksIsParsedWhole) {
+  std::string ring;
+  const std::string log = std::string(kInfoHead) + "comm 0x1 rank 0 nRanks 16384 nNodes 2048\n" +
+                          ringLine(16384, &ring) + std::string(kInfoHead) + "Trees [0] 1/-1/-1->0->-1\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const NcclLogSummary s = parseNcclDebugLog(log);
+  EXPECT_LT(secondsSince(t0), 2.0);  // milliseconds; 2 s leaves room for a loaded CI machine
+  ASSERT_EQ(s.comms.size(), 1u);
+  EXPECT_EQ(s.comms[0].nranks, 16384);
+  ASSERT_EQ(s.comms[0].rings.size(), 1u);
+  EXPECT_EQ(s.comms[0].rings[0], ring);
+  EXPECT_EQ(s.comms[0].trees.size(), 1u);
+}
+
+TEST(NcclLog, HundredThousandCharacterLinesParseInLinearTime) {
+  // Each of the long line's shapes: plain text, a ring that turns out not to be one at its very
+  // end, a P2P line, digits and blanks without an INFO prefix, and a Trees line.
+  const std::string digits = [] {
+    std::string d;
+    while (d.size() < 100000)
+      d += " 1";
+    return d;
+  }();
+  const std::string log = std::string(kInfoHead) + std::string(100000, 'x') + "\n" + kInfoHead +
+                          "Channel 00/02 :" + digits + " x\n" + kInfoHead + "Channel 00/0 : 3[1] -> 0[0]" +
+                          digits + "\n" + digits + "\n" + kInfoHead + "Trees" + digits + "\n" + kInfoHead +
+                          "comm 0x1 rank 0 nranks 4 cudaDev 0" + std::string(100000, '-') + "\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const NcclLogSummary s = parseNcclDebugLog(log);
+  EXPECT_LT(secondsSince(t0), 2.0);
+  EXPECT_EQ(s.linesRead, 6);
+  EXPECT_EQ(s.infoLines, 5);
+  ASSERT_EQ(s.comms.size(), 1u);  // the anonymous one: no communicator was seen starting
+  EXPECT_TRUE(s.comms[0].rings.empty());
+  ASSERT_EQ(s.comms[0].p2p.size(), 1u);
+  EXPECT_EQ(s.comms[0].p2p[0].size(), std::string("00/0 : 3[1] -> 0[0]").size() + digits.size());
+  ASSERT_EQ(s.comms[0].trees.size(), 1u);
+  EXPECT_EQ(s.comms[0].trees[0].size(), digits.size() - 1);
+}
+
+TEST(NcclLog, LinesOverTheBoundAreCountedNotKept) {
+  // A million-rank ring (7.2 MB on one line) is skipped with a warning naming the line; a
+  // 131,072-rank ring, the most that fits the bound, is kept.
+  std::string big, kept;
+  const std::string log = std::string(kInfoHead) + "comm 0x1 rank 0 nRanks 4 nNodes 1\n" +
+                          ringLine(1 << 20, &big) + ringLine(131072, &kept);
+  ASSERT_LT(ringLine(131072, &kept).size(), kNcclLogMaxLineBytes);
+  const auto t0 = std::chrono::steady_clock::now();
+  const NcclLogSummary s = parseNcclDebugLog(log);
+  EXPECT_LT(secondsSince(t0), 2.0);
+  EXPECT_EQ(s.linesRead, 3);
+  EXPECT_EQ(s.longLinesSkipped, 1);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_EQ(s.warnings[0].rfind("line 2: ", 0), 0u) << s.warnings[0];
+  ASSERT_EQ(s.comms.size(), 1u);
+  ASSERT_EQ(s.comms[0].rings.size(), 1u);
+  EXPECT_EQ(s.comms[0].rings[0], kept);
+  const auto j = toJson(s);
+  EXPECT_EQ(j["long_lines_skipped"], 1);
 }
 
 }  // namespace
