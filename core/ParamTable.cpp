@@ -21,16 +21,18 @@ Param& ParamTable::add(const std::string& name, const Shape& shape, bool decay) 
   return *params_.back();
 }
 
-void ParamTable::materialize(Device device, DType dtype) {
+void ParamTable::materialize(Device device, DType dtype, ParamStorage storage) {
   MT_CHECK(!materialized(), "materialize() called twice");
   device_ = device;
   dtype_ = dtype;
-  values_ = Tensor::zeros({storageNumel_}, dtype, device);
+  const bool host = storage == ParamStorage::kHostValuesOnly;
+  values_ = Tensor::zeros({storageNumel_}, dtype, host ? Device::cpu() : device);
   std::vector<int64_t> offsets;
   for (auto& p : params_) {
     p->value = values_.flatSlice(p->storageOffset, p->numel()).view(p->shape);
     offsets.push_back(p->storageOffset);
   }
+  if (host) return;
   setGradLayout(offsets, Tensor::zeros({storageNumel_}, dtype, device));
 }
 
@@ -42,7 +44,8 @@ Param* ParamTable::find(const std::string& name) {
 
 int ParamTable::numUnits() const {
   int n = 0;
-  for (const auto& p : params_) n = std::max(n, p->unit + 1);
+  for (const auto& p : params_)
+    n = std::max(n, p->unit + 1);
   return n;
 }
 
@@ -68,8 +71,8 @@ void ParamTable::releaseStorage() {
 }
 
 void ParamTable::setGradLayout(const std::vector<int64_t>& offsets, Tensor buffer) {
-  MT_CHECK(offsets.size() == params_.size(), "grad layout has ", offsets.size(), " offsets for ", params_.size(),
-           " parameters");
+  MT_CHECK(offsets.size() == params_.size(), "grad layout has ", offsets.size(), " offsets for ",
+           params_.size(), " parameters");
   for (size_t i = 0; i < params_.size(); ++i)
     MT_CHECK(offsets[i] + params_[i]->numel() <= buffer.numel(), "grad buffer of ", buffer.numel(),
              " elements too small for ", params_[i]->name, " at ", offsets[i]);

@@ -16,13 +16,13 @@ namespace mt {
 struct Param {
   std::string name;
   Shape shape;
-  bool decay = true;    // weight decay applies (matrices, embeddings) or not (biases, norm gains)
-  int unit = 0;         // sharding unit (a layer group gathered and freed together)
-  int index = 0;        // registration order
-  int64_t offset = 0;   // position in the model's packed flat parameter vector (checkpoints)
+  bool decay = true;          // weight decay applies (matrices, embeddings) or not (biases, norm gains)
+  int unit = 0;               // sharding unit (a layer group gathered and freed together)
+  int index = 0;              // registration order
+  int64_t offset = 0;         // position in the model's packed flat parameter vector (checkpoints)
   int64_t storageOffset = 0;  // element offset in the flat value buffer (aligned, see kParamAlign)
-  Tensor value;         // view; sharding rebinds it to a gathered unit buffer
-  Tensor grad;          // view into the gradient buffer under the current layout
+  Tensor value;               // view; sharding rebinds it to a gathered unit buffer
+  Tensor grad;                // view into the gradient buffer under the current layout
   int64_t numel() const { return shapeNumel(shape); }
 };
 
@@ -30,7 +30,17 @@ struct Param {
 // buffer: 256 bytes for f32, what cuDNN/cuBLASLt's vectorised kernels want and what CUDA
 // allocations give. The gaps are zero and reduce to zero.
 constexpr int64_t kParamAlign = 64;
-inline int64_t alignParam(int64_t n) { return (n + kParamAlign - 1) / kParamAlign * kParamAlign; }
+inline int64_t alignParam(int64_t n) {
+  return (n + kParamAlign - 1) / kParamAlign * kParamAlign;
+}
+
+// Where materialize() puts the model's flat buffers.
+enum class ParamStorage {
+  kDevice,         // values and gradients on the training device
+  kHostValuesOnly  // values in host memory, no gradients: a sharded engine copies each rank's shards
+                   // out and hands out gradient buffers unit by unit, so the whole model never sits
+                   // on the GPU (it would add 8 bytes a parameter to the engine's construction peak)
+};
 
 class ParamTable {
  public:
@@ -43,16 +53,17 @@ class ParamTable {
   // Parameters added from now on belong to this sharding unit.
   void beginUnit(int unit) { currentUnit_ = unit; }
 
-  // Allocates the flat value and gradient buffers and binds every Param's views.
-  void materialize(Device device, DType dtype = DType::kF32);
+  // Allocates the flat value and gradient buffers and binds every Param's views. device() is
+  // `device` either way; with kHostValuesOnly the values are host tensors until releaseStorage().
+  void materialize(Device device, DType dtype = DType::kF32, ParamStorage storage = ParamStorage::kDevice);
   bool materialized() const { return values_.defined() || released_; }
 
   size_t size() const { return params_.size(); }
   Param& operator[](size_t i) { return *params_[i]; }
   const Param& operator[](size_t i) const { return *params_[i]; }
   Param* find(const std::string& name);
-  int64_t numel() const { return numel_; }                   // parameters (packed)
-  int64_t storageNumel() const { return storageNumel_; }     // elements of the flat buffers
+  int64_t numel() const { return numel_; }                // parameters (packed)
+  int64_t storageNumel() const { return storageNumel_; }  // elements of the flat buffers
   int numUnits() const;
   std::vector<Param*> unitParams(int unit);
   Device device() const { return device_; }

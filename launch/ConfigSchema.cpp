@@ -171,13 +171,20 @@ const std::vector<ConfigKey>& configSchema() {
       // sharding
       choice("sharding.strategy", "no_shard", choicesOf(shardStrategies())),
       choice("sharding.offload", "none",
-             {{"none", ""}, {"cpu", "master shards and optimizer state in host memory, step on the CPU"}}),
+             {{"none", ""},
+              {"cpu", "master shards, gradient shards and optimizer state in host memory, step on the CPU; "
+                      "the GPU keeps the gather copy"}}),
       boolean("sharding.delayed_update", "false",
               "offload = cpu: the CPU step of one iteration runs during the next one's forward and backward, "
               "which use the parameters one step older (DeepSpeed's delayed parameter update)"),
       integer("sharding.prefetch_limit", "2", atLeast(1),
               "the unit computing plus all-gathers in flight (units kept gathered for backward do not count)"),
-      choice("sharding.param_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype parameters are all-gathered in"),
+      choice("sharding.param_dtype", "auto",
+             {{"auto", "bf16 with sharding.offload = cpu under bf16/f16 compute, so the GPU keeps 2 bytes a "
+                       "parameter; else f32"},
+              {"f32", ""},
+              {"bf16", ""}},
+             "dtype of the gather copy on the device, which parameters are all-gathered in"),
       choice("sharding.reduce_dtype", "f32", {{"f32", ""}, {"bf16", ""}}, "dtype gradients are reduce-scattered in"),
       // checkpoint
       text("checkpoint.dir", "", "where checkpoints go (default <run_dir>/checkpoints; shared by all nodes)"),

@@ -151,7 +151,13 @@ Settings Settings::fromConfig(const Config& c) {
   s.sharding.strategy = enumOf(c, "sharding.strategy", shardStrategies());
   s.sharding.offloadCpu = c.str("sharding.offload") == "cpu";
   s.sharding.prefetchLimit = static_cast<int>(c.i64("sharding.prefetch_limit"));
-  s.sharding.paramDtype = enumOf(c, "sharding.param_dtype", dtypes());
+  // auto: with offload the gather copy is all the GPU keeps of the parameters; under bf16/f16
+  // compute the GEMMs read bf16-rounded weights anyway, so a bf16 copy halves it (FSDP's
+  // MixedPrecision(param_dtype=bf16), DeepSpeed's fp16 parameters).
+  const bool lowCompute = s.device == "cuda" && s.precision != "f32";
+  s.sharding.paramDtype = c.str("sharding.param_dtype") == "auto"
+                              ? (s.sharding.offloadCpu && lowCompute ? DType::kBF16 : DType::kF32)
+                              : enumOf(c, "sharding.param_dtype", dtypes());
   s.sharding.reduceDtype = enumOf(c, "sharding.reduce_dtype", dtypes());
   if (s.sharding.offloadCpu && s.sharding.strategy == ShardStrategy::kNoShard)
     c.fail("sharding.offload", "needs a sharded strategy (full_shard, shard_grad_op or hybrid_shard)");

@@ -240,8 +240,12 @@ void Trainer::setupModel() {
       cfg_.fail(task_->sizeKey(), "the model's " + needs + ", more than this machine's " + formatBytes(phys) +
                                       " of memory");
   }
+  // Sharded: the engine copies this rank's shards out of host-staged values and hands out
+  // gradient buffers per unit; the whole model on the GPU would only raise the setup peak.
+  const bool sharded = s_.sharding.strategy != ShardStrategy::kNoShard;
   try {
-    model_->params().materialize(device_);
+    model_->params().materialize(device_, DType::kF32,
+                                 sharded ? ParamStorage::kHostValuesOnly : ParamStorage::kDevice);
   } catch (const OutOfMemoryError& e) {
     cfg_.fail(task_->sizeKey(), "the model's " + needs + ": " + e.what());
   }

@@ -24,7 +24,6 @@ namespace mt {
 
 struct OffloadJob {
   float lr = 0.f;
-  float clip = 1.f;    // gradient scale (deferred clipping)
   bool upload = true;  // the worker uploads each unit's parameters behind its update (not with DPU)
 };
 

@@ -14,6 +14,7 @@ const EnumTable<UnitState>& unitStates() {
       {UnitState::kSharded, "sharded"},   {UnitState::kGathering, "gathering"},
       {UnitState::kGathered, "gathered"}, {UnitState::kKept, "kept"},
       {UnitState::kBackward, "backward"}, {UnitState::kReducing, "reducing"},
+      {UnitState::kReduced, "reduced"},
   };
   return kTable;
 }
@@ -28,6 +29,8 @@ const EnumTable<UnitEdge>& unitEdges() {
       {UnitEdge::kBindGrads, "bind_grads"},
       {UnitEdge::kStartReduce, "start_reduce"},
       {UnitEdge::kFinishReduce, "finish_reduce"},
+      {UnitEdge::kLandGrad, "land_grad"},
+      {UnitEdge::kSendGradDown, "send_grad_down"},
   };
   return kTable;
 }
@@ -51,22 +54,10 @@ const std::vector<EdgeRule>& edgeRules() {
       {UnitEdge::kBindGrads, {S::kGathered, S::kKept}, S::kBackward},
       {UnitEdge::kStartReduce, {S::kBackward}, S::kReducing},
       {UnitEdge::kFinishReduce, {S::kReducing}, S::kSharded},
+      {UnitEdge::kLandGrad, {S::kReducing}, S::kReduced},
+      {UnitEdge::kSendGradDown, {S::kReduced}, S::kSharded},
   };
   return kRules;
-}
-
-// shard += more (a later micro-step's reduced gradient), in f32 whatever the reduce dtype.
-void accumulateShard(Tensor& shard, const Tensor& more) {
-  if (shard.dtype() == DType::kF32) {
-    addInto(shard, more);
-    return;
-  }
-  Tensor a = Tensor::empty(shard.shape(), DType::kF32, shard.device());
-  Tensor b = Tensor::empty(more.shape(), DType::kF32, more.device());
-  convertInto(a, shard);
-  convertInto(b, more);
-  addInto(a, b);
-  convertInto(shard, a);
 }
 
 // A collective's buffers stay alive until it ends, even when the job is going down.
@@ -81,10 +72,27 @@ void waitQuietly(const std::shared_ptr<Work>& w, std::chrono::milliseconds timeo
 
 }  // namespace
 
+void addShardInto(Tensor& shard, const Tensor& more) {
+  if (shard.dtype() == DType::kF32 && more.dtype() == DType::kF32) {
+    addInto(shard, more);
+    return;
+  }
+  Tensor sum =
+      shard.dtype() == DType::kF32 ? shard : Tensor::empty(shard.shape(), DType::kF32, shard.device());
+  if (!sum.sharesStorageWith(shard)) convertInto(sum, shard);
+  Tensor b = more;
+  if (more.dtype() != DType::kF32) {
+    b = Tensor::empty(more.shape(), DType::kF32, more.device());
+    convertInto(b, more);
+  }
+  addInto(sum, b);
+  if (!sum.sharesStorageWith(shard)) convertInto(shard, sum);
+}
+
 ShardUnit::ShardUnit(int index, const std::vector<Param*>& params, int worldSize, int rank, Device device,
                      Allocator& masterAlloc, DType paramDtype, DType reduceDtype, bool offload,
                      DType hostGradDtype)
-    : index_(index), device_(device) {
+    : index_(index), device_(device), offload_(offload) {
   int64_t cursor = 0;
   for (Param* p : params) {
     members_.push_back({p, cursor});
@@ -103,7 +111,7 @@ ShardUnit::ShardUnit(int index, const std::vector<Param*>& params, int worldSize
   }
   gatherCopy_ =
       paramDtype == DType::kF32 && !offload ? master_ : Tensor::empty({shard_}, paramDtype, device_);
-  gradShard_ = Tensor::zeros({shard_}, reduceDtype, device_);
+  if (!offload) gradShard_ = Tensor::zeros({shard_}, reduceDtype, device_);
   if (offload) {
     gradShardHost_ = Tensor::empty({shard_}, hostGradDtype, masterAlloc);
     gradShardHost_.zero_();
@@ -145,11 +153,13 @@ int64_t ShardUnit::transientBytes() const {
     b += static_cast<int64_t>(gathered_.nbytes());
   if (gatheredLow_.defined()) b += static_cast<int64_t>(gatheredLow_.nbytes());
   if (gradFull_.defined()) b += static_cast<int64_t>(gradFull_.nbytes());
+  if (offload_ && gradShard_.defined()) b += static_cast<int64_t>(gradShard_.nbytes());
   return b;
 }
 
 bool ShardUnit::reduceCompleted() const {
-  return state_ == UnitState::kReducing && (!reduceWork_ || reduceWork_->isCompleted());
+  return state_ == UnitState::kReducing && (!reduceWork_ || reduceWork_->isCompleted()) &&
+         (!replicaWork_ || replicaWork_->isCompleted());
 }
 
 void ShardUnit::bindValues() {
@@ -240,8 +250,13 @@ void ShardUnit::startReduce(Communicator& comm, DType reduceDtype, bool intoScra
     gradFull_ = low;  // kept alive until its reduce-scatter completes
   }
   usedScratch_ = intoScratch;
-  if (intoScratch && !gradScratch_.defined())
+  if (offload_) {
+    // Every micro-step reduces into a device shard of its own; the host copy accumulates them.
+    gradShard_ = Tensor::empty({shard_}, reduceDtype, device_);
+    intoScratch = false;
+  } else if (intoScratch && !gradScratch_.defined()) {
     gradScratch_ = Tensor::empty({shard_}, gradShard_.dtype(), device_);
+  }
   reduceWork_ = comm.reduceScatter(gradFull_, intoScratch ? gradScratch_ : gradShard_, ReduceOp::kAvg);
   // hybrid_shard, one micro-step: the replicas' all-reduce of the shard is chained on its
   // reduce-scatter now, so the inter-node phase of early units runs while backward computes the
@@ -252,8 +267,7 @@ void ShardUnit::startReduce(Communicator& comm, DType reduceDtype, bool intoScra
   gathered_ = Tensor();
 }
 
-void ShardUnit::finishReduce(Communicator& comm, Communicator* replica, bool replicaNow, bool dropScratch) {
-  advance(UnitEdge::kFinishReduce);
+void ShardUnit::waitReduction(Communicator& comm) {
   if (reduceWork_) {
     reduceWork_->wait(comm.timeout());
     const CollectiveRecord r = reduceWork_->record();
@@ -262,18 +276,45 @@ void ShardUnit::finishReduce(Communicator& comm, Communicator* replica, bool rep
     reduceWork_ = nullptr;
   }
   gradFull_ = Tensor();
-  if (usedScratch_) accumulateShard(gradShard_, gradScratch_);
+}
+
+void ShardUnit::waitChainedReplica() {
+  if (!replicaWork_) return;
+  replicaWork_->wait(replicaComm_->timeout());
+  const CollectiveRecord r = replicaWork_->record();
+  trace_.interStartedUs = r.startedUs;
+  trace_.interDoneUs = trace_.doneUs = r.completedUs;
+  replicaWork_ = nullptr;
+}
+
+void ShardUnit::finishReduce(Communicator& comm, Communicator* replica, bool replicaNow, bool dropScratch) {
+  MT_CHECK(!offload_, "sharding unit ", index_, ": illegal edge finish_reduce from state ",
+           unitStateName(state_), " with offload (land_grad)");
+  advance(UnitEdge::kFinishReduce);
+  waitReduction(comm);
+  if (usedScratch_) addShardInto(gradShard_, gradScratch_);
   usedScratch_ = false;
   if (replicaWork_) {
-    replicaWork_->wait(replicaComm_->timeout());
-    const CollectiveRecord r = replicaWork_->record();
-    trace_.interStartedUs = r.startedUs;
-    trace_.interDoneUs = trace_.doneUs = r.completedUs;
-    replicaWork_ = nullptr;
+    waitChainedReplica();
   } else if (replica && replicaNow) {
     replica->allReduce(gradShard_, ReduceOp::kAvg)->wait(replica->timeout());
   }
   if (dropScratch) gradScratch_ = Tensor();
+}
+
+void ShardUnit::landGrad(Communicator& comm) {
+  MT_CHECK(offload_, "sharding unit ", index_, ": illegal edge land_grad from state ", unitStateName(state_),
+           " without offload (finish_reduce)");
+  advance(UnitEdge::kLandGrad);
+  waitReduction(comm);
+  waitChainedReplica();
+}
+
+void ShardUnit::sendGradDown(const GradSink& sink) {
+  advance(UnitEdge::kSendGradDown);
+  sink(gradShard_, usedScratch_);
+  usedScratch_ = false;
+  gradShard_ = Tensor();
 }
 
 }  // namespace mt

@@ -31,6 +31,11 @@ const EnumTable<EnginePhase>& enginePhases() {
 
 namespace {
 
+// Offload: a unit's device gradient shard lives from its reduce-scatter until it is on its way
+// down. Beyond this many units holding one, backward waits for the oldest reduction, so the GPU
+// holds a few units' gradient shards at most (not one per parameter).
+constexpr size_t kGradShardsInFlight = 2;
+
 Allocator& hostAllocatorFor(Device device) {
 #ifdef MT_WITH_CUDA
   if (device.isCuda()) return CudaRuntime::require().pinned();
@@ -49,7 +54,8 @@ ShardedEngine::ShardedEngine(ParamTable& params, Communicator& shardComm, Commun
       replicaComm_(replicaComm),
       opt_(options) {
   MT_CHECK(opt_.strategy != ShardStrategy::kNoShard, "no_shard goes through DataParallel");
-  MT_CHECK(opt_.strategy != ShardStrategy::kHybridShard || replicaComm_, "hybrid_shard needs a replica group");
+  MT_CHECK(opt_.strategy != ShardStrategy::kHybridShard || replicaComm_,
+           "hybrid_shard needs a replica group");
   MT_CHECK(table_.materialized() && !table_.storageReleased(), "sharding needs the initialised parameters");
   MT_REQUIRE(opt_.paramDtype == DType::kF32 || opt_.paramDtype == DType::kBF16, ConfigError,
              "sharding.param_dtype must be f32 or bf16");
@@ -186,7 +192,8 @@ void ShardedEngine::afterUnitForward(int u) {
 
 void ShardedEngine::beforeUnitBackward(int u) {
   enterPhase(EnginePhase::kBackward, "beforeUnitBackward", {EnginePhase::kForward, EnginePhase::kBackward});
-  if (activationBytes_) memory_.activationPeakBytes = std::max(memory_.activationPeakBytes, activationBytes_());
+  if (activationBytes_)
+    memory_.activationPeakBytes = std::max(memory_.activationPeakBytes, activationBytes_());
   makeReady(u);
   units_[static_cast<size_t>(u)].bindGrads();
   trackGathered();
@@ -197,9 +204,39 @@ void ShardedEngine::afterUnitBackward(int u) {
   enterPhase(EnginePhase::kBackward, "afterUnitBackward", {EnginePhase::kBackward});
   // hybrid_shard, one micro-step: the replica all-reduce is chained on the reduce-scatter now;
   // with accumulation it follows the last micro-step's accumulate, in finishBackward.
+  // Offload chains it on every micro-step: the device shard goes down (and is summed on the host)
+  // at once, and averaging is linear.
   units_[static_cast<size_t>(u)].startReduce(shardComm_, opt_.reduceDtype, microStep_ > 0,
-                                             microSteps_ == 1 ? replicaComm_ : nullptr);
-  copyReadyGradsDown();  // offload: shards whose reduction finished start down now
+                                             microSteps_ == 1 || opt_.offloadCpu ? replicaComm_ : nullptr);
+  landGrads(false);  // offload: shards whose reduction finished start down now
+}
+
+void ShardedEngine::landGrads(bool all) {
+  if (!opt_.offloadCpu) return;
+  // Backward runs the units last to first: the highest index reducing started first.
+  std::vector<size_t> reducing;
+  for (size_t ui = units_.size(); ui-- > 0;)
+    if (units_[ui].state() == UnitState::kReducing) reducing.push_back(ui);
+  const size_t mustLand = all                                     ? reducing.size()
+                          : reducing.size() > kGradShardsInFlight ? reducing.size() - kGradShardsInFlight
+                                                                  : 0;
+  for (size_t i = 0; i < reducing.size(); ++i) {
+    ShardUnit& unit = units_[reducing[i]];
+    if (i >= mustLand && !unit.reduceCompleted()) continue;
+    unit.landGrad(shardComm_);
+    unit.sendGradDown(gradSink(static_cast<int>(reducing[i])));
+  }
+}
+
+ShardUnit::GradSink ShardedEngine::hostGradSink(int u) {
+  Tensor host = units_[static_cast<size_t>(u)].gradShardHost();
+  return [host](const Tensor& shard, bool accumulate) mutable {
+    const Tensor src = shard.device() == host.device() ? shard : shard.to(host.device());
+    if (accumulate)
+      addShardInto(host, src);  // in f32 (bf16 reductions: as the device accumulation did)
+    else
+      convertInto(host, src);
+  };
 }
 
 void ShardedEngine::setMicroStep(int k, int count) {
@@ -214,6 +251,7 @@ void ShardedEngine::finishBackward() {
   const bool lastMicroStep = microStep_ + 1 >= microSteps_;
   backwardEndUs_ = wallMicros();
   trace_.clear();
+  landGrads(true);  // offload: every unit's gradient on its way to (or in) its host copy
   for (auto& u : units_) {
     if (u.state() == UnitState::kReducing)
       u.finishReduce(shardComm_, replicaComm_, lastMicroStep && microSteps_ > 1, lastMicroStep);
@@ -225,21 +263,6 @@ void ShardedEngine::finishBackward() {
   if (!lastMicroStep) return;
   microStep_ = 0;
   microSteps_ = 1;
-  if (off_) {
-    finishOffloadBackward();
-  } else if (opt_.offloadCpu) {
-    // Gradient shards go down to the host, where the optimizer runs (converted to f32 there).
-    for (const auto& u : units_) {
-      Tensor host = u.gradShardHost();
-      const Tensor shard = u.gradShard();
-      if (shard.dtype() == DType::kF32) {
-        host.copyFrom(shard);
-      } else {
-        Tensor low = shard.to(Device::cpu());
-        convertInto(host, low);
-      }
-    }
-  }
 }
 
 double ShardedEngine::clipGradNorm(float maxNorm) {
@@ -281,11 +304,13 @@ MemoryAccount ShardedEngine::measureMemory() {
     m.paramBytes += master;
     if (!u.gatherCopy().sharesStorageWith(u.master()))
       m.paramBytes += static_cast<int64_t>(u.gatherCopy().nbytes());
-    m.gradBytes += static_cast<int64_t>(u.gradShard().nbytes()) + hostGrad;
+    // With offload the device gradient shard is transient (kReducing .. kReduced): not counted here.
+    if (!u.offload()) m.gradBytes += static_cast<int64_t>(u.gradShard().nbytes());
+    m.gradBytes += hostGrad;
     if (opt_.offloadCpu && device_.isCuda()) hostBytes += master + hostGrad;
   }
   m.optimizerBytes = optimizer_->stateBytes();
-  // The GPU keeps only the gather copies and gradient shards with offload.
+  // The GPU keeps only the gather copies with offload.
   m.hostBytes = opt_.offloadCpu && device_.isCuda() ? hostBytes + m.optimizerBytes : 0;
   m.devicePeakBytes = allocatorFor(device_).stats().peakAllocatedBytes;
   return m;

@@ -4,8 +4,9 @@
 // The model's parameters are grouped into units (the ParamTable's units: a layer, or a block);
 // each is a ShardUnit (sharding/ShardUnit.h): one flat buffer split into W equal shards, rank r
 // keeping shard r of every unit for good: the f32 master copy, the optimizer state, the gradient
-// shard (in sharding.reduce_dtype) and — when the parameter dtype is bf16 — a bf16 copy used for
-// the all-gathers. Everything else a unit holds exists only in some states of its state machine.
+// shard (in sharding.reduce_dtype; with offload its host copy only) and — when the parameter dtype
+// is bf16, or with offload — a copy on the device used for the all-gathers. Everything else a unit holds
+// exists only in some states of its state machine.
 //
 //   full_shard     all-gather a unit before its forward, free it after; all-gather it again
 //                  before its backward; reduce-scatter its gradient as its backward ends
@@ -22,8 +23,11 @@
 // (shard_grad_op's kept units, a unit the model keeps open around the whole pass) do not count.
 // Activation checkpointing (models/gpt) recomputes a block's forward inside its backward hooks, so
 // the unit is gathered once for both. With offload = cpu the master shard and the optimizer state
-// live in (pinned) host memory and the optimizer step runs on the CPU; gradient shards go down and
-// updated parameter shards come back up.
+// live in (pinned) host memory and the optimizer step runs on the CPU; the GPU keeps only the gather
+// copies (bf16 under bf16/f16 compute, sharding.param_dtype = auto): each unit's gradient shard is
+// reduce-scattered into a device buffer of its own that goes down to its host copy (added to it
+// after the first micro-step) as soon as the reduction ends, and updated parameter shards come back
+// up.
 //
 // The optimizer's segments carry their global offsets, so sharded checkpoints load into any world
 // size and any strategy (launch/Checkpoint).
@@ -49,7 +53,9 @@ const EnumTable<ShardStrategy>& shardStrategies();
 inline bool parseShardStrategy(const std::string& s, ShardStrategy* out) {
   return parseEnum(shardStrategies(), s, out);
 }
-inline const char* shardStrategyName(ShardStrategy s) { return enumName(shardStrategies(), s); }
+inline const char* shardStrategyName(ShardStrategy s) {
+  return enumName(shardStrategies(), s);
+}
 
 struct ShardingOptions {
   ShardStrategy strategy = ShardStrategy::kFullShard;
@@ -61,12 +67,12 @@ struct ShardingOptions {
 };
 
 struct MemoryAccount {
-  int64_t paramBytes = 0;      // persistent parameter shards (master + gather copy)
-  int64_t gradBytes = 0;       // persistent gradient shards
-  int64_t optimizerBytes = 0;  // optimizer state
+  int64_t paramBytes = 0;         // persistent parameter shards (master + gather copy)
+  int64_t gradBytes = 0;          // persistent gradient shards (offload: the host copies only)
+  int64_t optimizerBytes = 0;     // optimizer state
   int64_t gatheredPeakBytes = 0;  // unsharded unit parameters and gradients alive at once
   int64_t activationPeakBytes = 0;
-  int64_t devicePeakBytes = 0;    // the allocator's peak (GPU) or the CPU allocator's peak
+  int64_t devicePeakBytes = 0;  // the allocator's peak (GPU) or the CPU allocator's peak
   int64_t hostBytes = 0;  // of the persistent bytes, those in host memory (offload: master, grads, state)
   int64_t persistent() const { return paramBytes + gradBytes + optimizerBytes; }
 };
@@ -81,8 +87,9 @@ class ShardedEngine final : public ModelHooks {
   // for hybrid_shard); replicaComm: across replicas (hybrid_shard only; null otherwise).
   // activationBytes: the model's live activation bytes, read as backward starts for the memory
   // record (null: not recorded). The engine sees the model only through these and the hooks.
-  ShardedEngine(ParamTable& params, Communicator& shardComm, Communicator* replicaComm, ShardingOptions options,
-                const OptimConfig& optim, std::function<int64_t()> activationBytes = nullptr);
+  ShardedEngine(ParamTable& params, Communicator& shardComm, Communicator* replicaComm,
+                ShardingOptions options, const OptimConfig& optim,
+                std::function<int64_t()> activationBytes = nullptr);
   ~ShardedEngine() override;
 
   void beforeUnitForward(int unit) override;
@@ -145,9 +152,11 @@ class ShardedEngine final : public ModelHooks {
   void sendParams(int u);    // stage (or f32 master) -> gather copy on the copy stream
   void uploadAllParams();
   Tensor& gradTarget(int u);
-  void copyGradDown(int u);
-  void copyReadyGradsDown();
-  void finishOffloadBackward();
+  // Offload: units whose reductions finished (all: every unit still reducing; and the oldest beyond
+  // kGradShardsInFlight) land their gradient shard and send it down to the host.
+  void landGrads(bool all);
+  ShardUnit::GradSink gradSink(int u);      // the copy stream on a GPU (ShardedOffload.cpp), else:
+  ShardUnit::GradSink hostGradSink(int u);  // a synchronous copy / add into the unit's host copy
   void bindHostGrads(int buffer);
   void settle();           // the worker idle (its error rethrown here)
   void settleHostGrads();  // settle() and this iteration's gradients on the host

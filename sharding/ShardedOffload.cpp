@@ -1,11 +1,13 @@
 // ZeRO-Offload's data path on a GPU (sharding.offload = cpu, device cuda): the pieces of
 // ShardedEngine that move gradient shards down, step on the CPU and move parameters back up.
 //
-//   backward    unit u's reduce-scatter done -> its gradient shard copied to pinned host memory
-//               on the copy stream (during backward when nothing changes the shard afterwards:
-//               one micro-step, no replica all-reduce; else right after finishBackward)
+//   backward    unit u's reduce-scatter done -> its device gradient shard (a buffer of its own,
+//               ShardUnit's kReduced) copied to pinned host memory on the copy stream and handed
+//               back to the caching allocator behind the copy: the GPU holds no gradient shard
+//               between steps. Later micro-steps of gradient accumulation land in a pinned stage
+//               and are added to the host copy on the training thread (it waits for that copy).
 //   step(lr)    returns at once; a worker thread, per unit in forward order: waits for the
-//               unit's copy, scales by the clip factor, AdamW/SGD over the unit's segments
+//               unit's copy, AdamW/SGD over the unit's segments
 //               (OpenMP and SIMD inside), and uploads the unit's parameter shard (packed to bf16
 //               on the host when gathered in bf16) on the copy stream
 //   forward     unit u's all-gather waits for unit u's upload only: the CPU steps the later units
@@ -14,8 +16,8 @@
 // iteration, whose forward and backward use the parameters one update older: at the next step(),
 // the finished update is uploaded and the next one starts. Two host gradient buffers alternate so
 // the next iteration's copies never land under the running update.
-// The gradient clip's norm comes from the device shards (no host pass) unless something read the
-// host gradients first (the f16 loss scaler's unscale), then the host path of core/optim.
+// The gradient clip's norm comes from the host copies (the device shards are gone by then): the
+// host path of core/optim, after the copies are done.
 
 #include <algorithm>
 #include <cmath>
@@ -49,10 +51,8 @@ struct ShardedEngine::Offload {
   std::vector<Tensor> paramHost;    // pinned paramDtype staging of the upload (bf16 gathers only)
   std::vector<Tensor> gradHost[2];  // pinned host gradient shards (the second only with DPU)
   std::vector<std::pair<size_t, size_t>> unitSegments;  // optimizer segments [first, last) per unit
-  CudaEvent gathersDone;     // the current stream after this iteration's gathers: uploads wait for it
-  int target = 0;            // the host buffer this iteration's gradient copies land in
-  bool hostTouched = false;  // host gradients read or changed since backward (loss scaler)
-  float clip = 1.f;          // deferred clip factor for the next job
+  CudaEvent gathersDone;  // the current stream after this iteration's gathers: uploads wait for it
+  int target = 0;         // the host buffer this iteration's gradient copies land in
 
   // The worker and its one job at a time.
   OffloadQueue jobs;
@@ -110,7 +110,7 @@ void ShardedEngine::packParams(int ui) {
   const ShardUnit& u = units_[static_cast<size_t>(ui)];
   if (u.gatherCopy().dtype() == DType::kF32) return;  // sent from the master shard itself
   if (o.paramsSent[static_cast<size_t>(ui)])
-    o.paramsUp[static_cast<size_t>(ui)].synchronize();  // the last upload has read the stage
+    o.paramsUp[static_cast<size_t>(ui)].synchronize();            // the last upload has read the stage
   convertInto(o.paramHost[static_cast<size_t>(ui)], u.master());  // on the host: half the bytes cross the bus
 }
 
@@ -142,16 +142,11 @@ void ShardedEngine::offloadWorker() {
     try {
       CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), o.gathersDone.get(), 0));
       optimizer_->beginStep();
-      const auto& segs = optimizer_->segments();
       for (size_t ui = 0; ui < units_.size(); ++ui) {
         o.gradDown[ui].synchronize();
         // The unit's last upload has read the master shard (with DPU it was enqueued just before).
         if (o.paramsSent[ui]) o.paramsUp[ui].synchronize();
         const auto [first, last] = o.unitSegments[ui];
-        if (job.clip != 1.f && first < last)
-          scaleGrads(std::vector<OptimSegment>(segs.begin() + static_cast<std::ptrdiff_t>(first),
-                                               segs.begin() + static_cast<std::ptrdiff_t>(last)),
-                     job.clip);
         optimizer_->stepSegments(job.lr, first, last);
         // Delayed update: packed now, sent at the next step() (the training thread only enqueues).
         if (job.upload)
@@ -183,37 +178,32 @@ Tensor& ShardedEngine::gradTarget(int ui) {
   return off_->gradHost[off_->target][static_cast<size_t>(ui)];
 }
 
-void ShardedEngine::copyGradDown(int ui) {
-  Offload& o = *off_;
-  if (o.gradIssued[static_cast<size_t>(ui)]) return;
-  const Tensor shard = units_[static_cast<size_t>(ui)].gradShard();
-  // The shard is final on the current stream (its reduction waited, accumulation and replica
-  // all-reduce enqueued there): the copy stream starts after it.
-  streamWaitStream(o.copy.get(), currentStream());
-  Tensor& dst = gradTarget(ui);
-  CUDA_CHECK(
-      cudaMemcpyAsync(dst.rawData(), shard.rawData(), shard.nbytes(), cudaMemcpyDeviceToHost, o.copy.get()));
-  o.gradDown[static_cast<size_t>(ui)].record(o.copy.get());
-  o.gradIssued[static_cast<size_t>(ui)] = 1;
-}
-
-void ShardedEngine::copyReadyGradsDown() {
-  // During backward only where nothing changes a shard after its reduce-scatter.
-  if (!off_ || microSteps_ > 1 || replicaComm_) return;
-  for (size_t ui = 0; ui < units_.size(); ++ui) {
-    ShardUnit& u = units_[ui];
-    if (off_->gradIssued[ui] || !u.reduceCompleted()) continue;
-    // Done: the wait returns at once (and orders the stream on NCCL); one micro-step, no replica.
-    u.finishReduce(shardComm_, nullptr, false, true);
-    copyGradDown(static_cast<int>(ui));
-  }
-}
-
-void ShardedEngine::finishOffloadBackward() {
-  for (size_t ui = 0; ui < units_.size(); ++ui)
-    copyGradDown(static_cast<int>(ui));
-  off_->hostTouched = false;
-  off_->clip = 1.f;
+ShardUnit::GradSink ShardedEngine::gradSink(int ui) {
+  if (!off_) return hostGradSink(ui);
+  return [this, ui](const Tensor& shard, bool accumulate) {
+    Offload& o = *off_;
+    const size_t u = static_cast<size_t>(ui);
+    // The shard is final on the current stream (its reduction and replica all-reduce waited for
+    // there): the copy stream starts after it.
+    streamWaitStream(o.copy.get(), currentStream());
+    Tensor& dst = gradTarget(ui);
+    if (!accumulate) {
+      CUDA_CHECK(cudaMemcpyAsync(dst.rawData(), shard.rawData(), shard.nbytes(), cudaMemcpyDeviceToHost,
+                                 o.copy.get()));
+      o.gradDown[u].record(o.copy.get());
+      o.gradIssued[u] = 1;
+    } else {
+      // A later micro-step: down into a pinned stage, then added on the host (the copy stream is
+      // in order, so the first micro-step's copy into dst is done too).
+      Tensor stage = Tensor::empty({shard.numel()}, shard.dtype(), CudaRuntime::require().pinned());
+      CUDA_CHECK(cudaMemcpyAsync(stage.rawData(), shard.rawData(), shard.nbytes(), cudaMemcpyDeviceToHost,
+                                 o.copy.get()));
+      o.copy.synchronize();
+      addShardInto(dst, stage);
+    }
+    // The unit drops the shard now: its block is not reused before the copy stream is past it.
+    CudaRuntime::require().allocator().recordStream(shard.rawData(), o.copy.get());
+  };
 }
 
 void ShardedEngine::settleHostGrads() {
@@ -222,23 +212,16 @@ void ShardedEngine::settleHostGrads() {
   for (size_t ui = 0; ui < units_.size(); ++ui)
     if (off_->gradIssued[ui]) off_->gradDown[ui].synchronize();
   bindHostGrads(off_->target);
-  off_->hostTouched = true;
 }
 
-void ShardedEngine::bindHostGrads(int buffer) { optimizer_->rebind(shardSegments(off_->gradHost[buffer])); }
+void ShardedEngine::bindHostGrads(int buffer) {
+  optimizer_->rebind(shardSegments(off_->gradHost[buffer]));
+}
 
 double ShardedEngine::clipOffloaded(float maxNorm) {
-  if (off_->hostTouched) {  // the host gradients are the ones to clip (unscaled there)
-    settleHostGrads();
-    return mt::clipGradNorm(optimizer_->segments(), maxNorm,
-                            [this](double s) { return shardComm_.allReduceScalar(s, ReduceOp::kSum); });
-  }
-  double local = 0.0;
-  for (const auto& u : units_)
-    local += cuda::sumOfSquares(u.gradShard());  // padding is zero
-  const double norm = std::sqrt(shardComm_.allReduceScalar(local, ReduceOp::kSum));
-  off_->clip = clipFactor(norm, maxNorm);
-  return norm;
+  settleHostGrads();  // the gradients are on the host only: clipped there, before the CPU step
+  return mt::clipGradNorm(optimizer_->segments(), maxNorm,
+                          [this](double s) { return shardComm_.allReduceScalar(s, ReduceOp::kSum); });
 }
 
 void ShardedEngine::stepOffloaded(float lr) {
@@ -254,7 +237,6 @@ void ShardedEngine::stepOffloaded(float lr) {
   bindHostGrads(o.target);
   OffloadJob job;
   job.lr = lr;
-  job.clip = o.clip;
   job.upload = !opt_.delayedUpdate;
   o.jobs.submit(job);
   std::fill(o.gradIssued.begin(), o.gradIssued.end(), 0);
@@ -278,8 +260,9 @@ void ShardedEngine::startOffload() {}
 void ShardedEngine::stopOffload() noexcept {}
 void ShardedEngine::settle() {}
 void ShardedEngine::awaitParams(int) {}
-void ShardedEngine::copyReadyGradsDown() {}
-void ShardedEngine::finishOffloadBackward() {}
+ShardUnit::GradSink ShardedEngine::gradSink(int ui) {
+  return hostGradSink(ui);
+}
 void ShardedEngine::settleHostGrads() {}
 double ShardedEngine::clipOffloaded(float) {
   return 0.0;

@@ -1,5 +1,6 @@
 // The sharding state machines on the local communicator (one process): every edge of a ShardUnit
-// from every state (legal ones taken, illegal ones refused naming unit, state and edge), the
+// from every state, with and without offload (legal ones taken, illegal ones refused naming unit,
+// state and edge), the offload's transient device gradient shard and its host accumulation, the
 // engine's phases and each unit's state through a step of every strategy, with gradient
 // accumulation and hybrid_shard, evaluation forwards, and the offload worker's job queue.
 
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "comm/Communicator.h"
+#include "core/Convert.h"
 #include "models/ModelConfig.h"
 #include "sharding/OffloadQueue.h"
 #include "sharding/ShardUnit.h"
@@ -23,8 +25,22 @@ namespace {
 using S = UnitState;
 using E = UnitEdge;
 
-// What each edge does from each state: the state it enters, or nothing (refused).
-const std::map<E, std::map<S, S>>& legalEdges() {
+// What each edge does from each state: the state it enters, or nothing (refused). Offload swaps
+// finish_reduce for land_grad + send_grad_down.
+const std::map<E, std::map<S, S>>& legalEdges(bool offload) {
+  static const std::map<E, std::map<S, S>> kOffload = {
+      {E::kGather, {{S::kSharded, S::kGathering}}},
+      {E::kFinishGather, {{S::kGathering, S::kGathered}}},
+      {E::kCancelGather, {{S::kGathering, S::kSharded}}},
+      {E::kKeep, {{S::kGathered, S::kKept}}},
+      {E::kRelease, {{S::kGathered, S::kSharded}, {S::kKept, S::kSharded}}},
+      {E::kBindGrads, {{S::kGathered, S::kBackward}, {S::kKept, S::kBackward}}},
+      {E::kStartReduce, {{S::kBackward, S::kReducing}}},
+      {E::kFinishReduce, {}},
+      {E::kLandGrad, {{S::kReducing, S::kReduced}}},
+      {E::kSendGradDown, {{S::kReduced, S::kSharded}}},
+  };
+  if (offload) return kOffload;
   static const std::map<E, std::map<S, S>> kEdges = {
       {E::kGather, {{S::kSharded, S::kGathering}}},
       {E::kFinishGather, {{S::kGathering, S::kGathered}}},
@@ -34,6 +50,8 @@ const std::map<E, std::map<S, S>>& legalEdges() {
       {E::kBindGrads, {{S::kGathered, S::kBackward}, {S::kKept, S::kBackward}}},
       {E::kStartReduce, {{S::kBackward, S::kReducing}}},
       {E::kFinishReduce, {{S::kReducing, S::kSharded}}},
+      {E::kLandGrad, {}},
+      {E::kSendGradDown, {}},
   };
   return kEdges;
 }
@@ -42,7 +60,10 @@ struct UnitFixture {
   ParamTable table;
   LocalCommunicator comm;
   std::unique_ptr<ShardUnit> unit;
-  explicit UnitFixture(DType paramDtype = DType::kF32) {
+  DType reduceDtype;
+  std::vector<std::pair<std::vector<float>, bool>> sunk;  // what send_grad_down handed over
+  explicit UnitFixture(DType paramDtype = DType::kF32, bool offload = false, DType reduce = DType::kF32)
+      : reduceDtype(reduce) {
     table.add("w", {5, 7});
     table.add("b", {7}, false);
     table.materialize(Device::cpu());
@@ -50,7 +71,7 @@ struct UnitFixture {
       for (int64_t e = 0; e < table[i].numel(); ++e)
         table[i].value.data<float>()[e] = 0.5f * static_cast<float>(e + i);
     unit = std::make_unique<ShardUnit>(3, table.unitParams(0), 1, 0, Device::cpu(), cpuAllocator(),
-                                       paramDtype, DType::kF32, false, DType::kF32);
+                                       paramDtype, reduceDtype, offload, DType::kF32);
     unit->refreshGatherCopy();
   }
   void take(E e) {
@@ -74,10 +95,21 @@ struct UnitFixture {
         unit->bindGrads();
         break;
       case E::kStartReduce:
-        unit->startReduce(comm, DType::kF32, false, nullptr);
+        unit->startReduce(comm, reduceDtype, false, nullptr);
         break;
       case E::kFinishReduce:
         unit->finishReduce(comm, nullptr, false, true);
+        break;
+      case E::kLandGrad:
+        unit->landGrad(comm);
+        break;
+      case E::kSendGradDown:
+        unit->sendGradDown([this](const Tensor& shard, bool accumulate) {
+          Tensor f32 = Tensor::empty(shard.shape(), DType::kF32, shard.device());
+          convertInto(f32, shard);
+          sunk.push_back(
+              {std::vector<float>(f32.data<float>(), f32.data<float>() + f32.numel()), accumulate});
+        });
         break;
     }
   }
@@ -90,6 +122,7 @@ struct UnitFixture {
         {S::kKept, {E::kGather, E::kFinishGather, E::kKeep}},
         {S::kBackward, {E::kGather, E::kFinishGather, E::kBindGrads}},
         {S::kReducing, {E::kGather, E::kFinishGather, E::kBindGrads, E::kStartReduce}},
+        {S::kReduced, {E::kGather, E::kFinishGather, E::kBindGrads, E::kStartReduce, E::kLandGrad}},
     };
     for (E e : kPaths.at(s))
       take(e);
@@ -98,30 +131,75 @@ struct UnitFixture {
 };
 
 TEST(ShardUnit, EveryEdgeFromEveryState) {
-  const std::vector<S> states = {S::kSharded, S::kGathering, S::kGathered,
-                                 S::kKept,    S::kBackward,  S::kReducing};
-  for (const auto& [edge, moves] : legalEdges())
-    for (S from : states) {
-      SCOPED_TRACE(std::string(unitEdgeName(edge)) + " from " + unitStateName(from));
-      UnitFixture f;
-      f.driveTo(from);
-      const auto it = moves.find(from);
-      if (it != moves.end()) {
-        f.take(edge);
-        EXPECT_EQ(f.unit->state(), it->second);
-        continue;
+  for (bool offload : {false, true}) {
+    std::vector<S> states = {S::kSharded, S::kGathering, S::kGathered, S::kKept, S::kBackward, S::kReducing};
+    if (offload) states.push_back(S::kReduced);
+    for (const auto& [edge, moves] : legalEdges(offload))
+      for (S from : states) {
+        SCOPED_TRACE(std::string(unitEdgeName(edge)) + " from " + unitStateName(from) +
+                     (offload ? " (offload)" : ""));
+        UnitFixture f(DType::kF32, offload);
+        f.driveTo(from);
+        const auto it = moves.find(from);
+        if (it != moves.end()) {
+          f.take(edge);
+          EXPECT_EQ(f.unit->state(), it->second);
+          continue;
+        }
+        try {
+          f.take(edge);
+          ADD_FAILURE() << "illegal edge taken";
+        } catch (const InternalError& e) {
+          const std::string msg = e.what();
+          EXPECT_NE(msg.find("sharding unit 3"), std::string::npos) << msg;
+          EXPECT_NE(msg.find(std::string("edge ") + unitEdgeName(edge)), std::string::npos) << msg;
+          EXPECT_NE(msg.find(std::string("from state ") + unitStateName(from)), std::string::npos) << msg;
+        }
+        EXPECT_EQ(f.unit->state(), from) << "a refused edge changed the state";
       }
-      try {
-        f.take(edge);
-        ADD_FAILURE() << "illegal edge taken";
-      } catch (const InternalError& e) {
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find("sharding unit 3"), std::string::npos) << msg;
-        EXPECT_NE(msg.find(std::string("edge ") + unitEdgeName(edge)), std::string::npos) << msg;
-        EXPECT_NE(msg.find(std::string("from state ") + unitStateName(from)), std::string::npos) << msg;
-      }
-      EXPECT_EQ(f.unit->state(), from) << "a refused edge changed the state";
+  }
+}
+
+// Offload: the device gradient shard exists only from start_reduce to send_grad_down (never
+// between steps), is counted as transient meanwhile, and send_grad_down hands it over once per
+// micro-step — overwriting the host copy in the first, adding in later ones.
+TEST(ShardUnit, OffloadGradientShardIsTransient) {
+  for (DType reduce : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtypeName(reduce));
+    UnitFixture f(DType::kF32, true, reduce);
+    EXPECT_FALSE(f.unit->gradShard().defined()) << "a persistent device gradient shard with offload";
+    ASSERT_TRUE(f.unit->gradShardHost().defined());
+    for (int k = 0; k < 2; ++k) {
+      f.take(E::kGather);
+      f.take(E::kFinishGather);
+      f.take(E::kBindGrads);
+      f.table[0].grad.fill_(static_cast<float>(k + 2));
+      f.unit->startReduce(f.comm, reduce, k > 0, nullptr);
+      ASSERT_TRUE(f.unit->gradShard().defined());
+      EXPECT_EQ(f.unit->gradShard().dtype(), reduce);
+      EXPECT_GE(f.unit->transientBytes(), static_cast<int64_t>(f.unit->gradShard().nbytes()));
+      f.take(E::kLandGrad);
+      EXPECT_EQ(f.unit->transientBytes(), static_cast<int64_t>(f.unit->gradShard().nbytes()))
+          << "the full gradient is freed once its reduce-scatter is done";
+      f.take(E::kSendGradDown);
+      EXPECT_FALSE(f.unit->gradShard().defined());
+      EXPECT_EQ(f.unit->transientBytes(), 0);
+      ASSERT_EQ(f.sunk.size(), static_cast<size_t>(k + 1));
+      EXPECT_EQ(f.sunk.back().first[0], static_cast<float>(k + 2));  // one rank: the average is the gradient
+      EXPECT_EQ(f.sunk.back().second, k > 0) << "micro-step " << k;
     }
+  }
+}
+
+TEST(ShardUnit, AddShardIntoWidensToF32) {
+  Tensor host = Tensor::zeros({4}, DType::kF32, Device::cpu());
+  host.fill_(1.f);
+  Tensor low = Tensor::empty({4}, DType::kBF16, Device::cpu());
+  Tensor src = Tensor::empty({4}, DType::kF32, Device::cpu());
+  src.fill_(0.00390625f);  // 2^-8: 1 + 2^-8 is not a bf16, so an add in bf16 would lose it
+  convertInto(low, src);
+  addShardInto(host, low);
+  EXPECT_EQ(host.data<float>()[3], 1.00390625f);
 }
 
 // What each state binds: values while gathered (kGathered .. kBackward), gradients in kBackward,
@@ -164,7 +242,8 @@ struct EngineFixture {
     ModelConfig mc;
     mc.hidden = {6, 5, 4};
     model = buildMlp(mc, InputSpec{2, 2, 1, 3});
-    model->params().materialize(Device::cpu());
+    // As the trainer does for sharded runs: values staged on the host, no gradient buffer.
+    model->params().materialize(Device::cpu(), DType::kF32, ParamStorage::kHostValuesOnly);
     model->initParams(3);
     ShardingOptions so;
     so.strategy = strategy;
@@ -283,6 +362,34 @@ TEST(ShardedEngineStates, MicroStepsAccumulateForEveryStrategy) {
           ASSERT_EQ(seg.grad.data<float>()[i], 6.f);
       f.engine->step(1e-3f);
     }
+}
+
+// Offload: each unit's gradient shard goes down as its reduction ends (the local communicator's
+// are done at once), so no unit waits in kReducing and the engine keeps no device gradient shard:
+// the persistent gradient bytes are the host copies (as many bytes as the f32 master shards).
+TEST(ShardedEngineStates, OffloadSendsEachGradientShardDownAsItsReductionEnds) {
+  for (ShardStrategy strategy : {ShardStrategy::kFullShard, ShardStrategy::kHybridShard}) {
+    SCOPED_TRACE(shardStrategyName(strategy));
+    EngineFixture f(strategy, 2, true);
+    const MemoryAccount m = f.engine->measureMemory();
+    EXPECT_EQ(m.gradBytes * 2, m.paramBytes)
+        << "gradients: the host copies only (params: master + gather copy)";
+    f.engine->beginStep();
+    f.forward();
+    for (int u = f.n - 1; u >= 0; --u) {
+      f.engine->beforeUnitBackward(u);
+      for (Param* p : f.model->params().unitParams(u))
+        p->grad.fill_(2.f);
+      f.engine->afterUnitBackward(u);
+      EXPECT_EQ(f.engine->unitState(u), S::kSharded) << "unit " << u << " still holds its gradient shard";
+    }
+    f.engine->finishBackward();
+    for (const auto& seg : f.engine->optimizer().segments())
+      for (int64_t i = 0; i < seg.grad.numel(); ++i)
+        ASSERT_EQ(seg.grad.data<float>()[i], 2.f);
+    EXPECT_GT(f.engine->clipGradNorm(1.f), 0.0);
+    f.engine->step(1e-3f);
+  }
 }
 
 // Evaluation forwards leave units gathered (shard_grad_op) or prefetched (prefetch_limit 3 with
