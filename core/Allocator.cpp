@@ -39,7 +39,23 @@ AllocatorStats CpuAllocator::stats() const {
   return s;
 }
 
-void CpuAllocator::resetPeak() { peak_ = allocated_.load(); }
+void CpuAllocator::resetPeak() {
+  peak_ = allocated_.load();
+}
+
+size_t roundAllocationSize(size_t bytes) {
+  if (bytes == 0) return 0;
+  constexpr size_t kSmall = 1u << 20;
+  if (bytes <= kSmall) return (bytes + 511) / 512 * 512;
+  size_t p = 1;
+  while (p * 2 <= bytes)
+    p *= 2;  // p <= bytes < 2p
+  for (size_t q = 4; q <= 8; ++q) {
+    const size_t c = p / 4 * q;
+    if (c >= bytes) return c;
+  }
+  return 2 * p;
+}
 
 CpuAllocator& cpuAllocator() {
   static CpuAllocator instance;
@@ -72,10 +88,14 @@ Allocator& allocatorFor(Device device) {
 std::string formatBytes(int64_t bytes) {
   char buf[32];
   double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024) std::snprintf(buf, sizeof(buf), "%.2f MiB", b / (1024.0 * 1024));
-  else if (b >= 1024.0) std::snprintf(buf, sizeof(buf), "%.2f KiB", b / 1024.0);
-  else std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(bytes));
+  if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof(buf), "%.2f MiB", b / (1024.0 * 1024));
+  else if (b >= 1024.0)
+    std::snprintf(buf, sizeof(buf), "%.2f KiB", b / 1024.0);
+  else
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(bytes));
   return buf;
 }
 

@@ -57,4 +57,8 @@ void registerDeviceAllocator(int deviceIndex, Allocator* allocator);  // nullptr
 
 std::string formatBytes(int64_t bytes);
 
+// The caching device allocator's size class of a request (core/cuda/CudaAllocator): 512 B steps
+// below 1 MiB, four classes per power of two above. Here so `trainer plan` counts what it counts.
+size_t roundAllocationSize(size_t bytes);
+
 }  // namespace mt

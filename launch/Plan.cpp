@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "core/Allocator.h"
@@ -48,16 +47,90 @@ struct Row {
   bool device;  // on the training device (else host memory: CPU offload)
 };
 
-// The two largest sharding units' sizes (a unit gathered while the next is prefetched).
-std::pair<int64_t, int64_t> largestUnits(const ParamTable& t) {
+// Each sharding unit's elements in its flat buffer (every parameter aligned, as ShardUnit lays it).
+std::vector<int64_t> unitSizes(const ParamTable& t) {
   std::vector<int64_t> units;
   for (size_t i = 0; i < t.size(); ++i) {
     const int u = t[i].unit;
     if (u >= static_cast<int>(units.size())) units.resize(static_cast<size_t>(u) + 1, 0);
-    units[static_cast<size_t>(u)] += t[i].numel();
+    units[static_cast<size_t>(u)] += alignParam(t[i].numel());
   }
-  std::sort(units.rbegin(), units.rend());
-  return {units.empty() ? 0 : units[0], units.size() > 1 ? units[1] : 0};
+  return units;
+}
+
+// GPT's units without building the model: the embeddings, one per block, the final LayerNorm.
+std::vector<int64_t> gptUnitSizes(const GptConfig& g) {
+  const int64_t C = g.channels;
+  int64_t block = 0;
+  for (int64_t n : {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C})
+    block += alignParam(n);
+  std::vector<int64_t> units = {alignParam(g.paddedVocab * C) + alignParam(g.maxT * C)};
+  units.insert(units.end(), static_cast<size_t>(g.layers), block);
+  units.push_back(2 * alignParam(C));
+  return units;
+}
+
+// The rows of the sharded engine's buffers (sharding/ShardUnit, ShardedEngine): per unit, as the
+// engine allocates them, each rounded to the caching allocator's size class on a GPU.
+struct ShardRows {
+  const Settings& s;
+  std::vector<int64_t> units;  // elements per unit
+  int64_t S;                   // shard group size
+  bool cuda;
+  int64_t bytes(int64_t elements, int64_t perElement, bool onDevice) const {
+    const int64_t b = elements * perElement;
+    return cuda && onDevice ? static_cast<int64_t>(roundAllocationSize(static_cast<size_t>(b))) : b;
+  }
+  int64_t shard(int64_t unit) const { return alignParam((unit + S - 1) / S); }
+  int64_t perUnit(int64_t perElement, bool onDevice) const {
+    int64_t sum = 0;
+    for (int64_t u : units)
+      sum += bytes(shard(u), perElement, onDevice);
+    return sum;
+  }
+};
+
+// The sharded engine's persistent shards and its per-unit transients. With offload the device keeps
+// the gather copy only: the master, the gradient shard's host copies (two with delayed_update) and
+// the optimizer state are host memory, and a few units' gradient shards are on the device while
+// they go down (ShardedEngine's kGradShardsInFlight).
+void addShardedRows(const ShardRows& r, int64_t stateBytesPerParam, int64_t heldOpen,
+                    std::vector<Row>& rows) {
+  const ShardingOptions& o = r.s.sharding;
+  const bool off = o.offloadCpu;
+  const int64_t reduceBytes = static_cast<int64_t>(dtypeSize(o.reduceDtype));
+  rows.push_back({"parameters (f32 master, shard)", r.perUnit(4, !off), !off});
+  if (off || o.paramDtype != DType::kF32)
+    rows.push_back({"parameter shard in " + std::string(dtypeName(o.paramDtype)) + " for all-gathers",
+                    r.perUnit(static_cast<int64_t>(dtypeSize(o.paramDtype)), true), true});
+  std::vector<int64_t> sorted = r.units;
+  std::sort(sorted.rbegin(), sorted.rend());
+  const int64_t largest = sorted.empty() ? 0 : sorted[0], second = sorted.size() > 1 ? sorted[1] : 0;
+  if (!off) {
+    rows.push_back({"gradients (shard)", r.perUnit(reduceBytes, true), true});
+  } else {
+    const DType hostGrad = r.cuda ? o.reduceDtype : DType::kF32;
+    rows.push_back({"gradient shard on the host (" + std::string(dtypeName(hostGrad)) + ")" +
+                        (o.delayedUpdate ? " x 2 (delayed update)" : ""),
+                    r.perUnit(static_cast<int64_t>(dtypeSize(hostGrad)), false) * (o.delayedUpdate ? 2 : 1),
+                    false});
+    rows.push_back(
+        {"gradient shards going down (2 units)",
+         r.bytes(r.shard(largest), reduceBytes, true) + r.bytes(r.shard(second), reduceBytes, true), true});
+  }
+  // The optimizer's state is not allocated unit by unit: no size classes.
+  rows.push_back({"optimizer state (" + r.s.optim.type + ")", r.perUnit(stateBytesPerParam, false), !off});
+  // Units gathered at once in f32: the one computing and up to prefetch_limit - 1 all-gathers in
+  // flight (GPT also holds its embeddings open around the pass), and one unit's full gradient in
+  // backward (with its reduce_dtype cast); shard_grad_op keeps every unit gathered to its backward.
+  int64_t live = r.bytes(largest, 4, true) + (o.prefetchLimit - 1 + heldOpen) * r.bytes(second, 4, true);
+  // Never more than every unit at once (a prefetch limit above the unit count changes nothing).
+  const int64_t all = r.perUnit(4 * r.S, true);
+  if (o.strategy == ShardStrategy::kShardGradOp || live > all) live = all;
+  rows.push_back({"gathered parameters (" + std::string(shardStrategyName(o.strategy)) + ")", live, true});
+  rows.push_back({"unit gradient being reduce-scattered",
+                  r.bytes(largest, 4, true) + (reduceBytes != 4 ? r.bytes(largest, reduceBytes, true) : 0),
+                  true});
 }
 
 PlanArgs parsePlanArgs(const std::vector<std::string>& args) {
@@ -134,7 +207,8 @@ int planCommand(const std::vector<std::string>& args) {
 
   // The model: parameters and what a forward of one micro-batch keeps.
   H5File file = H5File::open(s.dataPath, FileLocking::kAuto);
-  int64_t P = 0, largestUnit = 0, secondUnit = 0;
+  int64_t P = 0;
+  std::vector<int64_t> units;
   ActivationPlan act;
   std::string modelName, transients = "backward transients (largest layer)";
   if (s.model.type == "gpt") {
@@ -143,8 +217,7 @@ int planCommand(const std::vector<std::string>& args) {
     checkGptScale(g);
     P = g.numParams();
     const int64_t C = g.channels;
-    largestUnit = std::max(g.paddedVocab * C + g.maxT * C, 12 * C * C + 13 * C);
-    secondUnit = 12 * C * C + 13 * C;
+    units = gptUnitSizes(g);
     checkActivationScale(Gpt::planActivations(g, 1, g.maxT, pc, sharded), micro, cfg);
     act = Gpt::planActivations(g, micro, g.maxT, pc, sharded);
     if (g.checkpointedBlocks() > 0) transients = "backward transients (largest layer + the block recomputed)";
@@ -155,7 +228,7 @@ int planCommand(const std::vector<std::string>& args) {
     const InputSpec in = train.spec();
     std::unique_ptr<Model> m = buildImageModel(s.model, in);
     P = m->params().numel();
-    std::tie(largestUnit, secondUnit) = largestUnits(m->params());
+    units = unitSizes(m->params());
     const Sequential& seq = static_cast<Sequential&>(*m);
     checkActivationScale(seq.planActivations({1, in.height, in.width, in.channels}, pc), micro, cfg);
     act = seq.planActivations({micro, in.height, in.width, in.channels}, pc);
@@ -167,34 +240,17 @@ int planCommand(const std::vector<std::string>& args) {
   const int64_t S = !sharded                               ? 1
                     : strat == ShardStrategy::kHybridShard ? std::min(ranks, pa.gpusPerNode)
                                                            : ranks;
-  const int64_t shard = (P + S - 1) / S;
   const int64_t stateBytesPerParam = s.optim.type == "adamw" ? 8 : (s.optim.momentum > 0 ? 4 : 0);
-  const bool offload = s.sharding.offloadCpu;
   std::vector<Row> rows;
-  rows.push_back({"parameters (f32 master" + std::string(sharded ? ", shard" : "") + ")", shard * 4, !offload});
-  if (sharded && s.sharding.paramDtype != DType::kF32)
-    rows.push_back({"parameter shard in " + std::string(dtypeName(s.sharding.paramDtype)) + " for all-gathers",
-                    shard * static_cast<int64_t>(dtypeSize(s.sharding.paramDtype)), true});
-  rows.push_back({"gradients" + std::string(sharded ? " (shard)" : ""),
-                  shard * static_cast<int64_t>(sharded ? dtypeSize(s.sharding.reduceDtype) : 4), true});
-  if (offload) rows.push_back({"gradient shard on the host (f32)", shard * 4, false});
-  rows.push_back({"optimizer state (" + s.optim.type + ")", shard * stateBytesPerParam, !offload});
   if (sharded) {
-    // Units gathered at once in f32: the one computing and up to prefetch_limit - 1 all-gathers in
-    // flight (GPT also holds its embeddings open around the pass), and one unit's full gradient in
-    // backward; shard_grad_op keeps every unit gathered from its forward to its backward.
-    const int64_t heldOpen = s.model.type == "gpt" ? 1 : 0;
-    // Never more than every unit at once (a prefetch limit above the unit count changes nothing).
-    const double inFlight =
-        static_cast<double>(s.sharding.prefetchLimit - 1 + heldOpen) * static_cast<double>(secondUnit);
-    const int64_t live =
-        strat == ShardStrategy::kShardGradOp
-            ? P
-            : std::min(P, largestUnit + static_cast<int64_t>(std::min(inFlight, static_cast<double>(P))));
-    rows.push_back({"gathered parameters (" + std::string(shardStrategyName(strat)) + ")", live * 4, true});
-    rows.push_back({"unit gradient being reduce-scattered", largestUnit * 4, true});
+    addShardedRows(ShardRows{s, units, S, cuda}, stateBytesPerParam, s.model.type == "gpt" ? 1 : 0, rows);
+  } else {
+    rows.push_back({"parameters (f32 master)", P * 4, true});
+    rows.push_back({"gradients", P * 4, true});
+    rows.push_back({"optimizer state (" + s.optim.type + ")", P * stateBytesPerParam, true});
   }
-  for (const auto& kv : act.byKind) rows.push_back({"activations: " + kv.first, kv.second, true});
+  for (const auto& kv : act.byKind)
+    rows.push_back({"activations: " + kv.first, kv.second, true});
   rows.push_back({transients, act.transientBytes, true});
   if (cuda) rows.push_back({"cuBLASLt workspace", int64_t{32} << 20, true});
 

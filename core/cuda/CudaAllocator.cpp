@@ -9,27 +9,16 @@
 
 namespace mt {
 
-size_t roundAllocationSize(size_t bytes) {
-  if (bytes == 0) return 0;
-  constexpr size_t kSmall = 1u << 20;
-  if (bytes <= kSmall) return (bytes + 511) / 512 * 512;
-  size_t p = 1;
-  while (p * 2 <= bytes) p *= 2;  // p <= bytes < 2p
-  for (size_t q = 4; q <= 8; ++q) {
-    const size_t c = p / 4 * q;
-    if (c >= bytes) return c;
-  }
-  return 2 * p;
-}
-
 namespace {
 std::string oomMessage(const char* what, size_t bytes, const AllocatorStats& s, size_t cap) {
-  std::string msg = std::string(what) + ": cannot allocate " + formatBytes(static_cast<int64_t>(bytes)) + " (" +
-                    formatBytes(s.allocatedBytes) + " allocated, " + formatBytes(s.reservedBytes) + " reserved";
+  std::string msg = std::string(what) + ": cannot allocate " + formatBytes(static_cast<int64_t>(bytes)) +
+                    " (" + formatBytes(s.allocatedBytes) + " allocated, " + formatBytes(s.reservedBytes) +
+                    " reserved";
   if (cap) msg += ", memory cap " + formatBytes(static_cast<int64_t>(cap));
   size_t freeB = 0, total = 0;
   if (cudaMemGetInfo(&freeB, &total) == cudaSuccess)
-    msg += ", device free " + formatBytes(static_cast<int64_t>(freeB)) + " of " + formatBytes(static_cast<int64_t>(total));
+    msg += ", device free " + formatBytes(static_cast<int64_t>(freeB)) + " of " +
+           formatBytes(static_cast<int64_t>(total));
   return msg + ")";
 }
 }  // namespace
@@ -39,21 +28,26 @@ CachingDeviceAllocator::CachingDeviceAllocator(int device) : device_(device) {}
 CachingDeviceAllocator::~CachingDeviceAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& p : pending_)
-    for (cudaEvent_t e : p.second) cudaEventDestroy(e);
-  for (auto& kv : freeBlocks_) cudaFree(kv.first);
+    for (cudaEvent_t e : p.second)
+      cudaEventDestroy(e);
+  for (auto& kv : freeBlocks_)
+    cudaFree(kv.first);
   // Live blocks belong to tensors that outlive the runtime: a bug, but not one to crash on here.
-  for (auto& kv : live_) cudaFree(kv.first);
+  for (auto& kv : live_)
+    cudaFree(kv.first);
 }
 
 void CachingDeviceAllocator::processPendingLocked() {
   for (size_t i = 0; i < pending_.size();) {
     bool done = true;
-    for (cudaEvent_t e : pending_[i].second) done = done && cudaEventQuery(e) == cudaSuccess;
+    for (cudaEvent_t e : pending_[i].second)
+      done = done && cudaEventQuery(e) == cudaSuccess;
     if (!done) {
       ++i;
       continue;
     }
-    for (cudaEvent_t e : pending_[i].second) cudaEventDestroy(e);
+    for (cudaEvent_t e : pending_[i].second)
+      cudaEventDestroy(e);
     Block b = pending_[i].first;
     b.otherStreams.clear();
     free_[{b.stream, b.size}].push_back(b.ptr);
@@ -125,7 +119,8 @@ void CachingDeviceAllocator::deallocate(void* ptr, size_t) noexcept {
   std::vector<cudaEvent_t> events;
   for (cudaStream_t s : b.otherStreams) {
     cudaEvent_t e;
-    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess && cudaEventRecord(e, s) == cudaSuccess)
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventRecord(e, s) == cudaSuccess)
       events.push_back(e);
   }
   pending_.emplace_back(b, std::move(events));
@@ -212,26 +207,31 @@ void* PinnedBacking::allocate(size_t size, size_t requested, const AllocatorStat
   CUDA_CHECK(e);
   return ptr;
 }
-void PinnedBacking::release(void* ptr) noexcept { cudaFreeHost(ptr); }
+void PinnedBacking::release(void* ptr) noexcept {
+  cudaFreeHost(ptr);
+}
 
 void* ManagedBacking::allocate(size_t size, size_t, const AllocatorStats&) const {
   size_t freeB = 0, total = 0;
   CUDA_CHECK(cudaMemGetInfo(&freeB, &total));
   if (size > freeB)
-    throw OutOfMemoryError("managed memory: refusing " + formatBytes(static_cast<int64_t>(size)) + ", more than the " +
-                           formatBytes(static_cast<int64_t>(freeB)) +
+    throw OutOfMemoryError("managed memory: refusing " + formatBytes(static_cast<int64_t>(size)) +
+                           ", more than the " + formatBytes(static_cast<int64_t>(freeB)) +
                            " the GPU has free (over-subscription can hang it)");
   void* ptr = nullptr;
   CUDA_CHECK(cudaMallocManaged(&ptr, size, cudaMemAttachGlobal));
   return ptr;
 }
-void ManagedBacking::release(void* ptr) noexcept { cudaFree(ptr); }
+void ManagedBacking::release(void* ptr) noexcept {
+  cudaFree(ptr);
+}
 
 template <typename Backing>
 CachingHostAllocator<Backing>::~CachingHostAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
   cache_.releaseAll([](void* p) { Backing::release(p); });
-  for (auto& kv : live_) Backing::release(kv.first);
+  for (auto& kv : live_)
+    Backing::release(kv.first);
 }
 
 template <typename Backing>

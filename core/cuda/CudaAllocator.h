@@ -27,8 +27,6 @@
 
 namespace mt {
 
-size_t roundAllocationSize(size_t bytes);
-
 class CachingDeviceAllocator final : public Allocator {
  public:
   explicit CachingDeviceAllocator(int device);
@@ -68,7 +66,7 @@ class CachingDeviceAllocator final : public Allocator {
   std::map<void*, Block> live_;  // ordered: recordStream finds the block holding an interior pointer
   std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> free_;  // (stream, size) -> blocks
   std::unordered_map<void*, Block> freeBlocks_;
-  std::vector<std::pair<Block, std::vector<cudaEvent_t>>> pending_;    // freed, waiting on events
+  std::vector<std::pair<Block, std::vector<cudaEvent_t>>> pending_;  // freed, waiting on events
   AllocatorStats stats_;
 };
 
@@ -91,7 +89,8 @@ class EventGatedCache {
       cudaEventDestroy(p.event);
       freeFn(p.ptr);
     }
-    for (auto& kv : free_) freeFn(kv.second);
+    for (auto& kv : free_)
+      freeFn(kv.second);
     pending_.clear();
     free_.clear();
   }

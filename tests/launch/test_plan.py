@@ -73,6 +73,29 @@ class Plan(unittest.TestCase):
         self.assertGreater(off["host_bytes"], 0)
         self.assertEqual(base["parameters"], 354871296)  # GPT-2 350M with the padded vocabulary
 
+    def test_offload_keeps_the_bf16_gather_copy_only(self):
+        # ZeRO-Offload under bf16 compute: the GPU keeps each unit's gather copy in bf16 (2 bytes a
+        # parameter, sharding.param_dtype = auto) and no persistent gradient shard (a few units' on
+        # their way down); master, gradients and optimizer state are host memory.
+        gpt = ["--model.vocab_size=50257", "--model.gpt_preset=d24", "--train.device=cuda", "--train.precision=bf16",
+               "--sharding.strategy=full_shard", "--sharding.offload=cpu"]
+        off = plan("gpt_d12.ini", TOKENS, *gpt)
+        P = off["parameters"]
+        rows = lambda pl, what, dev: sum(i["bytes"] for i in pl["items"] if i["what"].startswith(what) and i["device"] == dev)
+        gather = rows(off, "parameter shard in bf16", True)
+        self.assertGreaterEqual(gather, 2 * P)
+        self.assertLessEqual(gather, 2 * P * 1.25)  # the allocator's size classes (d24's: 28 MiB for 24 MiB)
+        self.assertLess(rows(off, "gradient", True), P, "a persistent gradient shard on the GPU (4 bytes a parameter)")
+        self.assertGreaterEqual(rows(off, "gradient shard on the host", False), 4 * P)
+        self.assertEqual(rows(off, "parameters (f32 master", True) + rows(off, "optimizer", True), 0)
+        # An explicit f32 gather copy costs 4 bytes a parameter; without offload no copy beside the master.
+        f32 = plan("gpt_d12.ini", TOKENS, *gpt, "--sharding.param_dtype=f32")
+        self.assertGreaterEqual(rows(f32, "parameter shard in f32", True), 4 * P)
+        self.assertGreater(f32["device_bytes"] - off["device_bytes"], 1.9 * P)
+        gpu = plan("gpt_d12.ini", TOKENS, *gpt[:-1])
+        self.assertEqual(rows(gpu, "parameter shard in", True), 0)
+        self.assertGreaterEqual(rows(gpu, "gradients (shard)", True), 4 * P)
+
     def test_bad_arguments_name_themselves(self):
         for args, msg in ((["--ranks", "0"], "--ranks 0"), (["--ranks", "3"], "train.batch_size"),
                           (["--data.path=/nonexistent.h5"], "/nonexistent.h5")):
