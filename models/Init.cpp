@@ -17,7 +17,10 @@ void initUniform(Tensor& dst, Rng& rng, float lo, float hi) {
   fillHost(dst, [&] { return rng.uniform(lo, hi); });
 }
 void initNormal(Tensor& dst, Rng& rng, float mean, float stddev) {
-  fillHost(dst, [&] { return rng.normal(mean, stddev); });
+  MT_CHECK(dst.dtype() == DType::kF32, "initialising ", dst.str());
+  Tensor host = dst.device().isCpu() ? dst : Tensor::empty(dst.shape(), DType::kF32);
+  rng.fillNormal(host.data<float>(), host.numel(), mean, stddev);  // in parallel, the values of normal()
+  if (!host.sharesStorageWith(dst)) dst.copyFrom(host);
 }
 void initConstant(Tensor& dst, float value) {
   fillHost(dst, [&] { return value; });

@@ -38,7 +38,12 @@ GptConfig GptConfig::preset(const std::string& name) {
   else if (name == "d24") c.layers = 24, c.heads = 16, c.channels = 1024;
   else if (name == "d36") c.layers = 36, c.heads = 20, c.channels = 1280;
   else if (name == "d48") c.layers = 48, c.heads = 25, c.channels = 1600;
-  else throw ConfigError("model.gpt_preset: unknown preset '" + name + "' (d6, d12, d24, d36, d48)");
+  // GPT-3's 2.7B and 6.7B shapes (Brown et al. 2020, table 2.1). 2.7B there has 32 heads of 80;
+  // ours are 20 of 128, a head dim the attention kernels are built for, with the same parameters.
+  else if (name == "gpt3-2.7b") c.layers = 32, c.heads = 20, c.channels = 2560;
+  else if (name == "gpt3-6.7b") c.layers = 32, c.heads = 32, c.channels = 4096;
+  else
+    throw ConfigError("model.gpt_preset: unknown preset '" + name + "' (d6, d12, d24, d36, d48, gpt3-2.7b, gpt3-6.7b)");
   return c;
 }
 

@@ -66,7 +66,8 @@ struct GptConfig {
     return checkpointing != ActivationCheckpointing::kNone && block % checkpointEvery == 0;
   }
   int64_t checkpointedBlocks() const;
-  // d6/d12/d24/d36/d48 (GPT-2 124M is d12, 350M d24, 774M d36, 1558M d48).
+  // d6/d12/d24/d36/d48 (GPT-2 124M is d12, 350M d24, 774M d36, 1558M d48); gpt3-2.7b (32 x 2560,
+  // 20 heads of 128) and gpt3-6.7b (32 x 4096, 32 heads of 128): GPT-3's shapes.
   static GptConfig preset(const std::string& name);
   int64_t numParams() const;
   // Training FLOPs per token (llm.c): 6N + 6 L C T.

@@ -4,7 +4,7 @@
 # On the device tool: bash scripts/device/run_on_device.sh exec bash scripts/bench/gpt_bench.sh
 # Environment: TRAINER (default dist/bin/trainer or build/bin/trainer), STEPS (50), OUT (results),
 # REF (1; 0 = meshtrain only, for A/B runs of meshtrain settings after a full run),
-# NAME (run name, default meshtrain), PRESET (d12; d24 = GPT-2 350M, d36, d48), BATCH (64),
+# NAME (run name, default meshtrain), PRESET (d12; d24 = GPT-2 350M, d36, d48, gpt3-2.7b, gpt3-6.7b), BATCH (64),
 # ARGS (extra trainer overrides for meshtrain's half, e.g. "--optim.lr=1e-7 --train.grad_clip=0").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +19,9 @@ case "$preset" in
   d24) dims="--layers 24 --heads 16 --channels 1024" ;;
   d36) dims="--layers 36 --heads 20 --channels 1280" ;;
   d48) dims="--layers 48 --heads 25 --channels 1600" ;;
-  *) echo "gpt_bench: PRESET=$preset: d12, d24, d36 or d48" >&2; exit 2 ;;
+  gpt3-2.7b) dims="--layers 32 --heads 20 --channels 2560" ;;
+  gpt3-6.7b) dims="--layers 32 --heads 32 --channels 4096" ;;
+  *) echo "gpt_bench: PRESET=$preset: d12, d24, d36, d48, gpt3-2.7b or gpt3-6.7b" >&2; exit 2 ;;
 esac
 name="${NAME:-meshtrain}"
 mkdir -p "$out" datasets

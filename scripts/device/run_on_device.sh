@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the device machine over the carried dist/ (see build_for_device.sh):
-#   bash scripts/device/run_on_device.sh probe|gpu-tests|nccl-ranks|nccl-sanitizer|sharding-scale|bench [args]
+#   bash scripts/device/run_on_device.sh probe|gpu-tests|nccl-ranks|nccl-sanitizer|sharding-scale|largest|bench [args]
 # Results go to $OUT (when set) as logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -94,6 +94,35 @@ case "$what" in
     python3 scripts/bench/shard_bench --tokens datasets/bench_tokens.h5 --largest-under-cap 16384 \
       --cap-models "${CAP_MODELS:-d36,d48}" --batch-per-rank 4 --steps 5 \
       --extra=--train.activation_checkpointing=blocks 2>&1 | tee "$out/largest_under_cap.log" | grep -v '^{' || status=1
+    exit $status
+    ;;
+  largest)
+    # Issue 32: the offload path's correctness on the GPU, then the largest presets one rank trains
+    # with full_shard + offload + blocks (LARGEST, LARGEST_CAPS MiB, 0 = the whole card), each with
+    # `trainer plan`'s prediction, then offload speed at d24 16 x 1024 (OFFLOAD_SPEED=0 skips it).
+    status=0
+    g=GpuTraining
+    PYTHONUNBUFFERED=1 python3 tests/launch/test_gpu_training.py -v $g.test_offload_pipeline_matches_cpu \
+      $g.test_delayed_update_trains $g.test_one_rank_nccl_matches_cpu 2>&1 | tee "$out/gpu_training_offload.log" | tail -8
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    mkdir -p datasets
+    if [[ ! -f datasets/bench_tokens.h5 ]]; then  # random GPT-2 ids, as gpt_bench.sh makes them
+      python3 -c "import numpy as np; np.save('/tmp/bench_tokens.npy', np.random.default_rng(0).integers(0, 50257, 128*1025*25, dtype=np.int64))"
+      python3 scripts/data/text_to_tokens --npy /tmp/bench_tokens.npy --vocab 50257 --test-fraction 0.01 --out datasets/bench_tokens.h5
+    fi
+    for m in $(echo "${LARGEST:-d48,gpt3-2.7b,gpt3-6.7b}" | tr , ' '); do
+      dist/bin/trainer plan --config configs/gpt_d12.ini --model.gpt_preset=$m --data.path=datasets/bench_tokens.h5 \
+        --train.device=cuda --train.batch_size="${BATCH_PER_RANK:-4}" --sharding.strategy=full_shard \
+        --sharding.offload=cpu --train.activation_checkpointing=blocks --gpu-memory 16 2>&1 | tee "$out/plan_$m.log" |
+        grep -E "total|fits"
+    done
+    timeout 480 python3 scripts/bench/shard_bench --tokens datasets/bench_tokens.h5 --largest "${LARGEST:-d48,gpt3-2.7b,gpt3-6.7b}" \
+      --largest-caps "${LARGEST_CAPS:-16384,0}" --batch-per-rank "${BATCH_PER_RANK:-4}" --steps "${STEPS:-10}" 2>&1 |
+      tee "$out/largest.log" | grep -v '^{' || status=1
+    if [[ "${OFFLOAD_SPEED:-1}" != 0 ]]; then
+      python3 scripts/bench/shard_bench --tokens datasets/bench_tokens.h5 --np 1 --offload-speed d24 --batch-per-rank 16 \
+        --steps 8 2>&1 | tee "$out/offload_speed.log" | grep -v '^{' || status=1
+    fi
     exit $status
     ;;
   nccl-sanitizer)

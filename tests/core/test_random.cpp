@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
+#include <vector>
 
 #include "core/Random.h"
 
@@ -46,6 +48,30 @@ TEST(Random, UniformAndNormalMoments) {
   std::set<uint64_t> seen;
   for (int i = 0; i < 1000; ++i) seen.insert(rng.below(10));
   EXPECT_EQ(seen.size(), 10u);
+}
+
+
+// fillNormal must give exactly what normal() gives one value at a time, from any state (a spare
+// value pending, an odd word position after uniform draws) and leave the generator where they would.
+TEST(Random, FillNormalIsBitIdenticalToSequentialDraws) {
+  for (int skipWords : {0, 1, 2, 3, 5}) {
+    for (bool spare : {false, true}) {
+      for (int64_t n : {1, 2, 3, 7, 100000, 100001}) {
+        Rng a(99, 7), b(99, 7);
+        for (int i = 0; i < skipWords; ++i) a.nextU32(), b.nextU32();
+        if (spare) a.normal(), b.normal();
+        std::vector<float> seq(static_cast<size_t>(n)), par(static_cast<size_t>(n));
+        for (auto& x : seq) x = a.normal(0.5f, 0.02f);
+        b.fillNormal(par.data(), n, 0.5f, 0.02f);
+        ASSERT_EQ(0, std::memcmp(seq.data(), par.data(), seq.size() * sizeof(float)))
+            << "skip " << skipWords << " spare " << spare << " n " << n;
+        // The generators continue identically: a normal (maybe the spare) then raw words.
+        ASSERT_EQ(a.normal(), b.normal()) << "skip " << skipWords << " spare " << spare << " n " << n;
+        ASSERT_EQ(a.nextU32(), b.nextU32());
+        ASSERT_EQ(a.uniform(), b.uniform());
+      }
+    }
+  }
 }
 
 }  // namespace
