@@ -114,6 +114,9 @@ void addShardedRows(const ShardRows& r, int64_t stateBytesPerParam, int64_t held
                         (o.delayedUpdate ? " x 2 (delayed update)" : ""),
                     r.perUnit(static_cast<int64_t>(dtypeSize(hostGrad)), false) * (o.delayedUpdate ? 2 : 1),
                     false});
+    if (r.cuda && o.paramDtype != DType::kF32)  // ShardedOffload's pinned stage of the packed upload
+      rows.push_back({"parameter upload stage in " + std::string(dtypeName(o.paramDtype)) + " (pinned)",
+                      r.perUnit(static_cast<int64_t>(dtypeSize(o.paramDtype)), false), false});
     rows.push_back(
         {"gradient shards going down (2 units)",
          r.bytes(r.shard(largest), reduceBytes, true) + r.bytes(r.shard(second), reduceBytes, true), true});

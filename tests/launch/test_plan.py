@@ -87,6 +87,7 @@ class Plan(unittest.TestCase):
         self.assertLessEqual(gather, 2 * P * 1.25)  # the allocator's size classes (d24's: 28 MiB for 24 MiB)
         self.assertLess(rows(off, "gradient", True), P, "a persistent gradient shard on the GPU (4 bytes a parameter)")
         self.assertGreaterEqual(rows(off, "gradient shard on the host", False), 4 * P)
+        self.assertGreaterEqual(rows(off, "parameter upload stage in bf16", False), 2 * P)  # pinned, packed by the CPU step
         self.assertEqual(rows(off, "parameters (f32 master", True) + rows(off, "optimizer", True), 0)
         # An explicit f32 gather copy costs 4 bytes a parameter; without offload no copy beside the master.
         f32 = plan("gpt_d12.ini", TOKENS, *gpt, "--sharding.param_dtype=f32")
