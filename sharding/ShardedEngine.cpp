@@ -71,12 +71,14 @@ ShardedEngine::ShardedEngine(ParamTable& params, Communicator& shardComm, Commun
     units_.emplace_back(u, table_.unitParams(u), W, r, device_, optAlloc, opt_.paramDtype, opt_.reduceDtype,
                         opt_.offloadCpu, hostGrad);
   refreshGatherCopies();
+  // The staged values go before the optimizer's state comes: with offload both are host memory,
+  // and at 6.7B parameters (27 GB of values, 53 GB of AdamW state) the two would not fit together.
+  table_.releaseStorage();
   // Optimizer segments over the gradient shard itself (f32 or bf16; its host copy with offload).
   std::vector<Tensor> grads;
   for (const auto& unit : units_)
     grads.push_back(opt_.offloadCpu ? unit.gradShardHost() : unit.gradShard());
   optimizer_ = makeOptimizer(optim, shardSegments(grads));
-  table_.releaseStorage();
   if (opt_.offloadCpu && device_.isCuda()) startOffload();
   measureMemory();
 }
