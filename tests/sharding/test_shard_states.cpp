@@ -28,19 +28,6 @@ using E = UnitEdge;
 // What each edge does from each state: the state it enters, or nothing (refused). Offload swaps
 // finish_reduce for land_grad + send_grad_down.
 const std::map<E, std::map<S, S>>& legalEdges(bool offload) {
-  static const std::map<E, std::map<S, S>> kOffload = {
-      {E::kGather, {{S::kSharded, S::kGathering}}},
-      {E::kFinishGather, {{S::kGathering, S::kGathered}}},
-      {E::kCancelGather, {{S::kGathering, S::kSharded}}},
-      {E::kKeep, {{S::kGathered, S::kKept}}},
-      {E::kRelease, {{S::kGathered, S::kSharded}, {S::kKept, S::kSharded}}},
-      {E::kBindGrads, {{S::kGathered, S::kBackward}, {S::kKept, S::kBackward}}},
-      {E::kStartReduce, {{S::kBackward, S::kReducing}}},
-      {E::kFinishReduce, {}},
-      {E::kLandGrad, {{S::kReducing, S::kReduced}}},
-      {E::kSendGradDown, {{S::kReduced, S::kSharded}}},
-  };
-  if (offload) return kOffload;
   static const std::map<E, std::map<S, S>> kEdges = {
       {E::kGather, {{S::kSharded, S::kGathering}}},
       {E::kFinishGather, {{S::kGathering, S::kGathered}}},
@@ -53,7 +40,14 @@ const std::map<E, std::map<S, S>>& legalEdges(bool offload) {
       {E::kLandGrad, {}},
       {E::kSendGradDown, {}},
   };
-  return kEdges;
+  static const std::map<E, std::map<S, S>> kOffload = [] {
+    std::map<E, std::map<S, S>> m = kEdges;
+    m[E::kFinishReduce] = {};
+    m[E::kLandGrad] = {{S::kReducing, S::kReduced}};
+    m[E::kSendGradDown] = {{S::kReduced, S::kSharded}};
+    return m;
+  }();
+  return offload ? kOffload : kEdges;
 }
 
 struct UnitFixture {
