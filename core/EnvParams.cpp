@@ -54,6 +54,10 @@ const std::vector<EnvParamInfo>& envParamTable() {
       {EnvParam::kTestFault, "MT_TEST_FAULT", "",
        "TESTING ONLY: <skip|resize>:<rank>:<communicator>:<op> makes that rank skip, or issue with half the "
        "count, that op of that communicator (how the tests show a broken collective contract ends the job)"},
+      {EnvParam::kCpuAdam, "MT_CPU_ADAM", "auto",
+       "the CPU AdamW kernel (host optimizer, ZeRO-Offload): auto = the widest this CPU runs (avx512, avx2, "
+       "scalar); scalar | avx2 | avx512 force one (all give bitwise the same results; for A/B timing and "
+       "tests). An unknown value, or one the CPU cannot run, is refused (exit 2)"},
   };
   return kTable;
 }

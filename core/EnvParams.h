@@ -23,6 +23,7 @@ enum class EnvParam : int {
   kConvAlgo,       // MT_CONV_ALGO
   kNcclShareGpu,   // MT_NCCL_SHARE_GPU_FOR_TESTS
   kTestFault,      // MT_TEST_FAULT
+  kCpuAdam,        // MT_CPU_ADAM
   kCount
 };
 

@@ -7,9 +7,9 @@
 //               between steps. Later micro-steps of gradient accumulation land in a pinned stage
 //               and are added to the host copy on the training thread (it waits for that copy).
 //   step(lr)    returns at once; a worker thread, per unit in forward order: waits for the
-//               unit's copy, AdamW/SGD over the unit's segments
-//               (OpenMP and SIMD inside), and uploads the unit's parameter shard (packed to bf16
-//               on the host when gathered in bf16) on the copy stream
+//               unit's copy, AdamW/SGD over the unit's segments (core/optim/CpuAdam: OpenMP and
+//               AVX-512/AVX2; when gathered in bf16 the same pass writes the bf16 upload stage,
+//               the segments' copies), and uploads the unit's parameter shard on the copy stream
 //   forward     unit u's all-gather waits for unit u's upload only: the CPU steps the later units
 //               while the GPU already runs the first ones
 // With sharding.delayed_update (DeepSpeed's DPU) the step's CPU work runs during the whole next
@@ -89,6 +89,8 @@ void ShardedEngine::startOffload() {
     }
     o.paramHost.push_back(
         opt_.paramDtype == DType::kF32 ? Tensor() : Tensor::empty({u.shard()}, opt_.paramDtype, pinned));
+    // The step writes the segments only: the padding stays bf16(0), as in the master.
+    if (o.paramHost.back().defined()) o.paramHost.back().zero_();
   }
   shardSegments(o.gradHost[0], &o.unitSegments);  // the optimizer's segments, grouped by unit
   o.worker = std::thread([this] { offloadWorker(); });
@@ -147,12 +149,9 @@ void ShardedEngine::offloadWorker() {
         // The unit's last upload has read the master shard (with DPU it was enqueued just before).
         if (o.paramsSent[ui]) o.paramsUp[ui].synchronize();
         const auto [first, last] = o.unitSegments[ui];
-        optimizer_->stepSegments(job.lr, first, last);
-        // Delayed update: packed now, sent at the next step() (the training thread only enqueues).
-        if (job.upload)
-          uploadParams(static_cast<int>(ui));
-        else
-          packParams(static_cast<int>(ui));
+        optimizer_->stepSegments(job.lr, first, last);  // bf16 gathers: packs the stage in the same pass
+        // Delayed update: sent at the next step() (the training thread only enqueues).
+        if (job.upload) sendParams(static_cast<int>(ui));
         o.jobs.unitsDone(ui + 1);
       }
     } catch (...) {
@@ -215,7 +214,17 @@ void ShardedEngine::settleHostGrads() {
 }
 
 void ShardedEngine::bindHostGrads(int buffer) {
-  optimizer_->rebind(shardSegments(off_->gradHost[buffer]));
+  std::vector<OptimSegment> segs = shardSegments(off_->gradHost[buffer]);
+  // bf16 gathers: each segment's copy is its place in the unit's upload stage, so the CPU step
+  // packs the stage in its own pass (no second pass over the master shard).
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    const Tensor& stage = off_->paramHost[ui];
+    if (!stage.defined()) continue;
+    const float* master = units_[ui].master().data<float>();
+    for (size_t k = off_->unitSegments[ui].first; k < off_->unitSegments[ui].second; ++k)
+      segs[k].copy = stage.flatSlice(segs[k].value.data<float>() - master, segs[k].value.numel());
+  }
+  optimizer_->rebind(std::move(segs));
 }
 
 double ShardedEngine::clipOffloaded(float maxNorm) {

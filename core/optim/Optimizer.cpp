@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/Convert.h"
 #include "core/ParamTable.h"
 #include "core/Parallel.h"
 
@@ -11,11 +12,23 @@
 
 namespace mt {
 
+namespace {
+
+void checkSegment(const OptimSegment& s) {
+  MT_CHECK(s.value.numel() == s.grad.numel() && s.value.dtype() == DType::kF32 &&
+               (s.grad.dtype() == DType::kF32 || s.grad.dtype() == DType::kBF16),
+           "optimizer segment ", s.value.str(), " / ", s.grad.str());
+  // The device optimizers do not write copies.
+  MT_CHECK(!s.copy.defined() || (s.copy.numel() == s.value.numel() && s.copy.dtype() == DType::kBF16 &&
+                                 !s.copy.device().isCuda() && !s.value.device().isCuda()),
+           "optimizer segment ", s.value.str(), " with copy ", s.copy.str());
+}
+
+}  // namespace
+
 Optimizer::Optimizer(std::vector<OptimSegment> segs) : segments_(std::move(segs)) {
   for (const auto& s : segments_) {
-    MT_CHECK(s.value.numel() == s.grad.numel() && s.value.dtype() == DType::kF32 &&
-                 (s.grad.dtype() == DType::kF32 || s.grad.dtype() == DType::kBF16),
-             "optimizer segment ", s.value.str(), " / ", s.grad.str());
+    checkSegment(s);
     stateOffsets_.push_back(stateNumel_);
     stateNumel_ += s.value.numel();
   }
@@ -23,8 +36,10 @@ Optimizer::Optimizer(std::vector<OptimSegment> segs) : segments_(std::move(segs)
 
 void Optimizer::rebind(std::vector<OptimSegment> segs) {
   MT_CHECK(segs.size() == segments_.size(), "rebind with ", segs.size(), " segments for ", segments_.size());
-  for (size_t i = 0; i < segs.size(); ++i)
+  for (size_t i = 0; i < segs.size(); ++i) {
     MT_CHECK(segs[i].value.numel() == segments_[i].value.numel(), "rebind changes the size of segment ", i);
+    checkSegment(segs[i]);
+  }
   segments_ = std::move(segs);
 }
 
@@ -50,30 +65,6 @@ inline float gradAt(const float* g, int64_t i) { return g[i]; }
 inline float gradAt(const BFloat16* g, int64_t i) { return static_cast<float>(g[i]); }
 
 template <typename G>
-void adamwImpl(float* p, const G* g, float* m, float* v, int64_t n, float lr, float wd, float beta1, float beta2,
-               float eps, int64_t step) {
-  // Bias corrections in double, as PyTorch computes these scalars in Python floats.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
-  const float stepSize = static_cast<float>(static_cast<double>(lr) / bc1);
-  const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = 1.f - lr * wd;
-  parallelFor(n, 1 << 14, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) {
-      float pi = p[i] * decay;
-      const float gi = gradAt(g, i);
-      const float mi = beta1 * m[i] + (1.f - beta1) * gi;
-      const float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      pi -= stepSize * (mi / (std::sqrt(vi) / bc2Sqrt + eps));
-      p[i] = pi;
-    }
-  });
-}
-
-template <typename G>
 void sgdImpl(float* p, const G* g, float* buf, int64_t n, float lr, float wd, float momentum, bool nesterov,
              bool firstStep) {
   parallelFor(n, 1 << 14, [&](int64_t lo, int64_t hi) {
@@ -92,9 +83,16 @@ void sgdImpl(float* p, const G* g, float* buf, int64_t n, float lr, float wd, fl
 }  // namespace
 
 void adamwUpdateCpu(float* p, const Tensor& g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
-                    float beta2, float eps, int64_t step) {
-  if (g.dtype() == DType::kBF16) adamwImpl(p, g.data<BFloat16>(), m, v, n, lr, wd, beta1, beta2, eps, step);
-  else adamwImpl(p, g.data<float>(), m, v, n, lr, wd, beta1, beta2, eps, step);
+                    float beta2, float eps, int64_t step, CpuAdamIsa isa, BFloat16* copy) {
+  AdamwSpans s;
+  s.p = p;
+  s.g = g.rawData();
+  s.gBf16 = g.dtype() == DType::kBF16;
+  s.m = m;
+  s.v = v;
+  s.copy = copy;
+  s.n = n;
+  cpuAdamw(s, {lr, wd, beta1, beta2, eps, step}, isa);
 }
 
 void sgdUpdateCpu(float* p, const Tensor& g, float* buf, int64_t n, float lr, float wd, float momentum,
@@ -111,6 +109,7 @@ class AdamW final : public Optimizer {
     Device d = segments_.empty() ? Device::cpu() : segments_[0].value.device();
     m_ = Tensor::zeros({stateNumel_}, DType::kF32, d);
     v_ = Tensor::zeros({stateNumel_}, DType::kF32, d);
+    if (!d.isCuda()) isa_ = cpuAdamIsaFromEnv();  // a bad MT_CPU_ADAM is refused before training
   }
   void stepSegments(float lr, size_t first, size_t last) override {
     MT_CHECK(first <= last && last <= segments_.size() && steps_ > 0, "adamw: segments [", first, ", ", last,
@@ -128,7 +127,8 @@ class AdamW final : public Optimizer {
       auto& s = segments_[i];
       adamwUpdateCpu(s.value.data<float>(), s.grad, m_.data<float>() + stateOffsets_[i],
                      v_.data<float>() + stateOffsets_[i], s.value.numel(), lr, s.decay ? cfg_.weightDecay : 0.f,
-                     cfg_.beta1, cfg_.beta2, cfg_.eps, steps_);
+                     cfg_.beta1, cfg_.beta2, cfg_.eps, steps_, isa_,
+                     s.copy.defined() ? s.copy.data<BFloat16>() : nullptr);
     }
   }
   std::vector<std::pair<std::string, Tensor>> state() override { return {{"exp_avg", m_}, {"exp_avg_sq", v_}}; }
@@ -136,6 +136,7 @@ class AdamW final : public Optimizer {
  private:
   OptimConfig cfg_;
   Tensor m_, v_;
+  CpuAdamIsa isa_ = CpuAdamIsa::kScalar;
 };
 
 class Sgd final : public Optimizer {
@@ -162,6 +163,10 @@ class Sgd final : public Optimizer {
       sgdUpdateCpu(s.value.data<float>(), s.grad,
                    cfg_.momentum != 0.f ? buf_.data<float>() + stateOffsets_[i] : nullptr, s.value.numel(), lr,
                    s.decay ? cfg_.weightDecay : 0.f, cfg_.momentum, cfg_.nesterov, first);
+      if (s.copy.defined()) {
+        Tensor copy = s.copy;
+        convertInto(copy, s.value);
+      }
     }
   }
   std::vector<std::pair<std::string, Tensor>> state() override {

@@ -9,6 +9,9 @@
 // AdamW (PyTorch semantics): p *= 1 - lr·wd (decayed segments only);
 //                            m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²
 //                            p -= (lr / (1-b1^t)) · m / (sqrt(v) / sqrt(1-b2^t) + eps)
+// On the CPU, AdamW runs core/optim/CpuAdam's fused SIMD pass (bitwise its scalar reference).
+// A segment may carry a bf16 copy of its value (ZeRO-Offload's upload stage): a CPU step writes it
+// from the updated value (AdamW in the same pass, SGD right after).
 
 #include <memory>
 #include <string>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "core/Tensor.h"
+#include "core/optim/CpuAdam.h"
 
 namespace mt {
 
@@ -24,6 +28,7 @@ struct OptimSegment {
   Tensor grad;   // flat f32 or bf16 (sharding's low-precision gradient shards), same size and device
   bool decay = true;
   int64_t globalOffset = -1;  // where value starts in the model's flat parameter vector (checkpoints)
+  Tensor copy{};              // optional, CPU only: bf16 [numel] that each step sets to the updated value
 };
 
 struct OptimConfig {
@@ -71,9 +76,10 @@ std::vector<OptimSegment> segmentsOf(class ParamTable& table);
 
 // The AdamW and SGD update of one segment, shared by the CPU optimizer and the offloaded (host)
 // optimizer of sharding; exposed for the kernel tests.
-// g is the segment's gradient tensor (f32 or bf16).
+// g is the segment's gradient tensor (f32 or bf16); copy (may be null) receives bf16(p) in the same
+// pass; isa: the CpuAdam variant (each gives bitwise the same results).
 void adamwUpdateCpu(float* p, const Tensor& g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
-                    float beta2, float eps, int64_t step);
+                    float beta2, float eps, int64_t step, CpuAdamIsa isa, BFloat16* copy = nullptr);
 void sgdUpdateCpu(float* p, const Tensor& g, float* buf, int64_t n, float lr, float wd, float momentum,
                   bool nesterov, bool firstStep);
 

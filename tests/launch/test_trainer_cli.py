@@ -140,6 +140,18 @@ class BadInput(unittest.TestCase):
             for n in needles:
                 self.assertIn(n, lines[0])
 
+    def test_bad_cpu_adam_variant_exit_2(self):
+        # Read when the CPU optimizer is made, before the first step (core/optim/CpuAdam).
+        code, out, err = run([f"--run.dir={self.dir}", "--train.max_steps=1", f"--data.path={FASHION}"],
+                             env={"MT_CPU_ADAM": "avx9"})
+        self.assertEqual(code, 2, f"exit code {code}\n{err}")
+        lines = error_lines(err)
+        self.assertEqual(len(lines), 1, err)
+        self.assertIn("MT_CPU_ADAM='avx9' is not one of auto, scalar, avx2, avx512", lines[0])
+        code, out, err = run([f"--run.dir={self.dir}-scalar", "--train.max_steps=2", f"--data.path={FASHION}"],
+                             env={"MT_CPU_ADAM": "scalar"})
+        self.assertEqual(code, 0, err)
+
     def test_hostile_data_files(self):
         for variant, needles, np in [
                 ("declared_huge", ["/train/images declares [1000000000,28,28,1]", "chunks stored"], 2),
