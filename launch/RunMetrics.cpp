@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -83,7 +84,6 @@ struct RunMetrics::Figures {
   bool haveInterval = false;
   IntervalFigures last;
   double lastReportTime = 0.0;
-  int64_t stepsTotal = 0, samplesTotal = 0;
   double tokensTotal = 0.0;
   bool haveEval = false;
   int64_t evalStep = 0;
@@ -137,8 +137,6 @@ void RunMetrics::interval(const IntervalFigures& f) {
   x.haveInterval = true;
   x.last = f;
   x.lastReportTime = unixSeconds();
-  x.stepsTotal += f.steps;
-  x.samplesTotal += f.samples;
   if (f.tokensPerS >= 0) x.tokensTotal += f.tokensPerS * f.seconds;
 }
 
@@ -186,14 +184,19 @@ std::vector<MetricFamily> RunMetrics::families() const {
   fs.gauge("meshtrain_start_time_seconds", "when this process started, in seconds since the Unix epoch",
            x.startTime);
   const IntervalFigures& f = x.last;
-  fs.gauge("meshtrain_step", "optimizer steps done (the run's, across resumes)",
-           static_cast<double>(x.haveInterval ? f.step : x.id.startStep));
+  const int64_t step = std::max(x.id.startStep, step_.load(std::memory_order_relaxed));
+  const int64_t trained = step - x.id.startStep;
+  fs.gauge("meshtrain_step", "optimizer steps done (the run's, across resumes)", static_cast<double>(step));
   fs.gauge("meshtrain_steps_planned", "optimizer steps the run trains to (train.epochs or train.max_steps)",
            static_cast<double>(x.id.totalSteps));
-  fs.counter("meshtrain_steps_total", "optimizer steps trained by this process", static_cast<double>(x.stepsTotal));
-  fs.counter("meshtrain_samples_total", "samples trained by this process", static_cast<double>(x.samplesTotal));
-  if (f.tokensPerS >= 0) fs.counter("meshtrain_tokens_total", "tokens trained by this process", x.tokensTotal);
+  fs.counter("meshtrain_steps_total", "optimizer steps trained by this process", static_cast<double>(trained));
+  fs.counter("meshtrain_samples_total", "samples trained by this process (train.batch_size a step)",
+             static_cast<double>(trained * x.id.globalBatch));
+  if (f.tokensPerS >= 0)
+    fs.counter("meshtrain_tokens_total", "tokens trained by this process, counted at each log interval", x.tokensTotal);
   if (x.haveInterval) {
+    fs.gauge("meshtrain_logged_step", "the step of the last log interval, which the figures below describe",
+             static_cast<double>(f.step));
     fs.gauge("meshtrain_epoch", "the epoch of the last logged step, from 0", static_cast<double>(f.epoch));
     fs.gauge("meshtrain_loss", "training loss over the global batch at the last logged step", f.loss);
     fs.gauge("meshtrain_accuracy", "training accuracy over the global batch at the last logged step", f.accuracy);

@@ -55,7 +55,6 @@ struct RankFigures {
 // A log interval as rank 0 reports it (launch/RunReporter.cpp).
 struct IntervalFigures {
   int64_t step = 0, totalSteps = 0, epoch = 0;  // step: steps done
-  int64_t steps = 0, samples = 0;               // trained in the interval
   double seconds = 0.0;                         // the interval's wall time
   double loss = 0.0, accuracy = 0.0, lr = 0.0, samplesPerS = 0.0, stepSeconds = 0.0;
   double tokensPerS = -1.0, mfu = -1.0;  // < 0: not computed by this task (GPT computes them)
@@ -67,7 +66,7 @@ struct IntervalFigures {
 struct MetricsRunInfo {
   std::string runDir, runName, model, strategy, device;
   int worldSize = 1;
-  int64_t totalSteps = 0, startStep = 0;
+  int64_t totalSteps = 0, startStep = 0, globalBatch = 0;
 };
 
 class RunMetrics {
@@ -87,6 +86,9 @@ class RunMetrics {
   int port() const { return server_ ? server_->port() : 0; }
 
   void identify(const MetricsRunInfo& id);
+  // After every optimizer step: the steps done. Lock-free (one atomic store), so the step and the
+  // step and sample counters are live between log intervals.
+  void stepDone(int64_t steps) { step_.store(steps, std::memory_order_relaxed); }
   void interval(const IntervalFigures& f);
   void evaluation(int64_t step, double loss, double accuracy);
   void checkpointWritten(int64_t step, double seconds);
@@ -109,6 +111,7 @@ class RunMetrics {
   mutable std::mutex mutex_;  // figures_
   std::unique_ptr<Figures> figures_;
   std::unique_ptr<MetricsServer> server_;
+  std::atomic<int64_t> step_{-1};  // -1: no step yet (the run's start step then)
   std::atomic<bool> finished_{false};
   ExitCause cause_ = ExitCause::kFinished;  // set once by finish()
 };

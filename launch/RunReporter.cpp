@@ -111,8 +111,6 @@ IntervalFigures RunReporter::prometheusFigures(const IntervalReport& r, const Pr
   f.step = p.step;
   f.totalSteps = r.totalSteps;
   f.epoch = r.position.epoch;
-  f.steps = r.steps;
-  f.samples = r.steps * r.globalBatch;
   f.seconds = r.seconds;
   f.loss = p.loss;
   f.accuracy = p.accuracy;

@@ -80,7 +80,7 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi, RunMetrics* metrics)
   writeRunFiles();
   if (metrics_)
     metrics_->identify({runDir_, s_.runName, model_->name(), parallelism_->strategyName(), device_.str(),
-                        world_->size(), totalSteps_, startStep_});
+                        world_->size(), totalSteps_, startStep_, s_.globalBatch});
   // Collective (MPI_Comm_dup): only after every rank-local step of setup has been agreed on.
   if (mpi_.size() > 1) stop_ = std::make_unique<StopAgreement>(MPI_COMM_WORLD);
 }
@@ -641,6 +641,7 @@ int Trainer::run() {
     const bool logNow = (step + 1) % s_.logInterval == 0 || step + 1 == totalSteps_;
     if (first || logNow) stats = stats.resolved();  // (an out-of-range target is raised here)
     watchLoss(step, stats);
+    if (metrics_) metrics_->stepDone(step + 1);
     if (first) {
       if (world_->rank() == 0) MT_LOG_INFO << "first step done in " << firstStep.elapsed() << " s";
       reportMemory(step + 1);

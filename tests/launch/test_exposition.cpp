@@ -98,7 +98,7 @@ TEST(Exposition, RefusesWhatTheFormatForbids) {
 // names, each rank's figures carry its rank label, and the exit causes are all there from the start.
 TEST(RunMetricsFamilies, IntervalFiguresAndLabels) {
   RunMetrics m(MetricsExportOptions{});
-  m.identify({"/tmp/none", "run \"x\"", "mlp", "no_shard", "cpu", 2, 100, 0});
+  m.identify({"/tmp/none", "run \"x\"", "mlp", "no_shard", "cpu", 2, 100, 0, 128});
   std::string text = m.render();
   EXPECT_TRUE(contains(text, "meshtrain_step 0\n"));
   EXPECT_TRUE(contains(text, "meshtrain_run_info{run=\"run \\\"x\\\"\",model=\"mlp\",strategy=\"no_shard\","
@@ -110,8 +110,6 @@ TEST(RunMetricsFamilies, IntervalFiguresAndLabels) {
   IntervalFigures f;
   f.step = 10;
   f.totalSteps = 100;
-  f.steps = 10;
-  f.samples = 1280;
   f.seconds = 2.0;
   f.loss = std::nan("");
   f.samplesPerS = 640;
@@ -121,11 +119,12 @@ TEST(RunMetricsFamilies, IntervalFiguresAndLabels) {
   f.stragglerLagS = 0.05;
   f.stragglerLagRatio = 0.5;
   m.interval(f);
-  m.interval(f);
+  m.stepDone(20);
   m.checkpointWritten(10, 0.25);
   m.resumed(0, 2);
   text = m.render();
-  EXPECT_TRUE(contains(text, "meshtrain_step 10\n"));
+  EXPECT_TRUE(contains(text, "meshtrain_step 20\n"));  // live, between log intervals
+  EXPECT_TRUE(contains(text, "meshtrain_logged_step 10\n"));
   EXPECT_TRUE(contains(text, "meshtrain_loss NaN\n"));
   EXPECT_TRUE(contains(text, "# TYPE meshtrain_samples_total counter\nmeshtrain_samples_total 2560\n"));
   EXPECT_TRUE(contains(text, "meshtrain_allocator_allocated_bytes{rank=\"0\"} 1000\n"));
