@@ -13,14 +13,20 @@ const char* const kExpositionContentType = "text/plain; version=0.0.4; charset=u
 
 namespace {
 
-bool isAsciiLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-bool isDigit(char c) { return c >= '0' && c <= '9'; }
+bool isAsciiLetter(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+bool isDigit(char c) {
+  return c >= '0' && c <= '9';
+}
 
 bool endsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-const char* typeName(MetricType t) { return t == MetricType::kCounter ? "counter" : "gauge"; }
+const char* typeName(MetricType t) {
+  return t == MetricType::kCounter ? "counter" : "gauge";
+}
 
 void checkFamily(const MetricFamily& f, std::set<std::string>& seen) {
   MT_CHECK(isValidMetricName(f.name), "metric name '", f.name, "' is not [a-zA-Z_:][a-zA-Z0-9_:]*");
@@ -30,7 +36,8 @@ void checkFamily(const MetricFamily& f, std::set<std::string>& seen) {
   for (const MetricSample& s : f.samples) {
     std::set<std::string> names;
     for (const auto& [name, value] : s.labels) {
-      MT_CHECK(isValidLabelName(name), "label name '", name, "' of ", f.name, " is not [a-zA-Z_][a-zA-Z0-9_]*");
+      MT_CHECK(isValidLabelName(name), "label name '", name, "' of ", f.name,
+               " is not [a-zA-Z_][a-zA-Z0-9_]*");
       MT_CHECK(names.insert(name).second, "label '", name, "' twice in a sample of ", f.name);
     }
   }
@@ -56,9 +63,12 @@ std::string escapeHelpText(const std::string& v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -67,10 +77,14 @@ std::string escapeLabelValue(const std::string& v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '"') out += "\\\"";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '"')
+      out += "\\\"";
+    else
+      out += c;
   }
   return out;
 }

@@ -45,9 +45,18 @@ MetricsServer::MetricsServer(const std::string& bind, int port, Render render) :
   initCivetweb();
   const std::string ports = listeningAddress(bind, port);
   // Only what this endpoint needs: no document root (nothing on disk is served), two threads.
-  const char* options[] = {"listening_ports",    ports.c_str(), "num_threads",       "2",
-                           "request_timeout_ms", "5000",        "max_request_size",  "8192",
-                           "enable_keep_alive",  "no",          "linger_timeout_ms", "500",
+  const char* options[] = {"listening_ports",
+                           ports.c_str(),
+                           "num_threads",
+                           "2",
+                           "request_timeout_ms",
+                           "5000",
+                           "max_request_size",
+                           "8192",
+                           "enable_keep_alive",
+                           "no",
+                           "linger_timeout_ms",
+                           "500",
                            nullptr};
   mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof(callbacks));
@@ -69,7 +78,9 @@ MetricsServer::MetricsServer(const std::string& bind, int port, Render render) :
   tStartLog = nullptr;
   if (!ctx_)
     throw IoError("cannot serve metrics on " + ports + ": " +
-                  (!startLog.empty() ? startLog : text[0] ? std::string(text) : "civetweb failed to start"));
+                  (!startLog.empty() ? startLog
+                   : text[0]         ? std::string(text)
+                                     : "civetweb failed to start"));
   mg_set_request_handler(ctx_, "/", &MetricsServer::handle, this);
   mg_server_port bound[4];
   const int n = mg_get_server_ports(ctx_, 4, bound);

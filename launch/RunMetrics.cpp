@@ -16,11 +16,14 @@ namespace mt {
 namespace {
 
 constexpr int kCauses = 6;
-const char* const kCauseNames[kCauses] = {"finished", "preempted", "failure", "bad_input", "comm_failure", "diverged"};
+const char* const kCauseNames[kCauses] = {"finished",  "preempted",    "failure",
+                                          "bad_input", "comm_failure", "diverged"};
 
 std::atomic<RunMetrics*> gActive{nullptr};
 
-double unixSeconds() { return static_cast<double>(wallMicros()) / 1e6; }
+double unixSeconds() {
+  return static_cast<double>(wallMicros()) / 1e6;
+}
 
 // Builds the family list: one call per family, samples added as figures are known.
 class Families {
@@ -39,7 +42,8 @@ class Families {
   void perRank(const char* name, const char* help, const std::vector<RankFigures>& ranks,
                double RankFigures::*member) {
     MetricFamily& f = add(name, MetricType::kGauge, help);
-    for (size_t r = 0; r < ranks.size(); ++r) f.samples.push_back({{{"rank", std::to_string(r)}}, ranks[r].*member});
+    for (size_t r = 0; r < ranks.size(); ++r)
+      f.samples.push_back({{{"rank", std::to_string(r)}}, ranks[r].*member});
   }
   std::vector<MetricFamily> take() { return std::move(out_); }
 
@@ -49,7 +53,9 @@ class Families {
 
 }  // namespace
 
-const char* exitCauseName(ExitCause c) { return kCauseNames[static_cast<int>(c)]; }
+const char* exitCauseName(ExitCause c) {
+  return kCauseNames[static_cast<int>(c)];
+}
 
 ExitCause exitCauseOf(int exitCode, bool preempted) {
   switch (exitCode) {
@@ -73,8 +79,9 @@ MetricsExportOptions metricsExportOptions(const Config& cfg) {
   o.lingerS = cfg.f64("run.metrics_linger_s");
   unsigned char addr[16];
   if (inet_pton(AF_INET, o.bind.c_str(), addr) != 1 && inet_pton(AF_INET6, o.bind.c_str(), addr) != 1)
-    cfg.fail("run.metrics_bind", "'" + o.bind + "' is not an IPv4 or IPv6 address (0.0.0.0: every interface, "
-                                 "127.0.0.1: this host only, ::, ::1)");
+    cfg.fail("run.metrics_bind", "'" + o.bind +
+                                     "' is not an IPv4 or IPv6 address (0.0.0.0: every interface, "
+                                     "127.0.0.1: this host only, ::, ::1)");
   return o;
 }
 
@@ -111,7 +118,9 @@ std::unique_ptr<RunMetrics> RunMetrics::start(const MetricsExportOptions& option
   return m;
 }
 
-RunMetrics* RunMetrics::active() { return gActive.load(); }
+RunMetrics* RunMetrics::active() {
+  return gActive.load();
+}
 
 bool RunMetrics::serve() {
   try {
@@ -176,8 +185,11 @@ std::vector<MetricFamily> RunMetrics::families() const {
     x = *figures_;
   }
   Families fs;
-  fs.add("meshtrain_run_info", MetricType::kGauge, "1, labelled with the run's name, model, strategy and device")
-      .samples.push_back({{{"run", x.id.runName}, {"model", x.id.model}, {"strategy", x.id.strategy},
+  fs.add("meshtrain_run_info", MetricType::kGauge,
+         "1, labelled with the run's name, model, strategy and device")
+      .samples.push_back({{{"run", x.id.runName},
+                           {"model", x.id.model},
+                           {"strategy", x.id.strategy},
                            {"device", x.id.device}},
                           1.0});
   fs.gauge("meshtrain_world_size", "ranks in the job", x.id.worldSize);
@@ -189,45 +201,53 @@ std::vector<MetricFamily> RunMetrics::families() const {
   fs.gauge("meshtrain_step", "optimizer steps done (the run's, across resumes)", static_cast<double>(step));
   fs.gauge("meshtrain_steps_planned", "optimizer steps the run trains to (train.epochs or train.max_steps)",
            static_cast<double>(x.id.totalSteps));
-  fs.counter("meshtrain_steps_total", "optimizer steps trained by this process", static_cast<double>(trained));
+  fs.counter("meshtrain_steps_total", "optimizer steps trained by this process",
+             static_cast<double>(trained));
   fs.counter("meshtrain_samples_total", "samples trained by this process (train.batch_size a step)",
              static_cast<double>(trained * x.id.globalBatch));
   if (f.tokensPerS >= 0)
-    fs.counter("meshtrain_tokens_total", "tokens trained by this process, counted at each log interval", x.tokensTotal);
+    fs.counter("meshtrain_tokens_total", "tokens trained by this process, counted at each log interval",
+               x.tokensTotal);
   if (x.haveInterval) {
     fs.gauge("meshtrain_logged_step", "the step of the last log interval, which the figures below describe",
              static_cast<double>(f.step));
     fs.gauge("meshtrain_epoch", "the epoch of the last logged step, from 0", static_cast<double>(f.epoch));
     fs.gauge("meshtrain_loss", "training loss over the global batch at the last logged step", f.loss);
-    fs.gauge("meshtrain_accuracy", "training accuracy over the global batch at the last logged step", f.accuracy);
+    fs.gauge("meshtrain_accuracy", "training accuracy over the global batch at the last logged step",
+             f.accuracy);
     fs.gauge("meshtrain_learning_rate", "learning rate at the last logged step", f.lr);
     fs.gauge("meshtrain_samples_per_second", "samples trained per second over the last log interval",
              f.samplesPerS);
     if (f.tokensPerS >= 0)
-      fs.gauge("meshtrain_tokens_per_second", "tokens trained per second over the last log interval", f.tokensPerS);
+      fs.gauge("meshtrain_tokens_per_second", "tokens trained per second over the last log interval",
+               f.tokensPerS);
     if (f.mfu >= 0)
-      fs.gauge("meshtrain_mfu_ratio", "model FLOP utilisation over the last log interval (train.peak_flops)", f.mfu);
+      fs.gauge("meshtrain_mfu_ratio", "model FLOP utilisation over the last log interval (train.peak_flops)",
+               f.mfu);
     fs.gauge("meshtrain_step_seconds", "wall time of a step, mean over the last log interval", f.stepSeconds);
-    fs.perRank("meshtrain_data_wait_ratio", "share of the last log interval the rank waited for batches", f.ranks,
-               &RankFigures::dataWaitRatio);
-    fs.perRank("meshtrain_compute_seconds", "forward + backward seconds per step on the rank (last log interval)",
-               f.ranks, &RankFigures::computeS);
-    fs.perRank("meshtrain_comm_wait_seconds",
-               "seconds per step the rank waited for the gradient reduction after backward (last log interval)",
-               f.ranks, &RankFigures::commWaitS);
-    fs.perRank("meshtrain_allocator_allocated_bytes", "bytes allocated by the rank's device allocator", f.ranks,
-               &RankFigures::allocatedBytes);
-    fs.perRank("meshtrain_allocator_reserved_bytes", "bytes the rank's device allocator holds (cached included)",
-               f.ranks, &RankFigures::reservedBytes);
-    fs.perRank("meshtrain_allocator_peak_bytes", "peak bytes allocated by the rank's device allocator", f.ranks,
-               &RankFigures::peakBytes);
+    fs.perRank("meshtrain_data_wait_ratio", "share of the last log interval the rank waited for batches",
+               f.ranks, &RankFigures::dataWaitRatio);
+    fs.perRank("meshtrain_compute_seconds",
+               "forward + backward seconds per step on the rank (last log interval)", f.ranks,
+               &RankFigures::computeS);
+    fs.perRank(
+        "meshtrain_comm_wait_seconds",
+        "seconds per step the rank waited for the gradient reduction after backward (last log interval)",
+        f.ranks, &RankFigures::commWaitS);
+    fs.perRank("meshtrain_allocator_allocated_bytes", "bytes allocated by the rank's device allocator",
+               f.ranks, &RankFigures::allocatedBytes);
+    fs.perRank("meshtrain_allocator_reserved_bytes",
+               "bytes the rank's device allocator holds (cached included)", f.ranks,
+               &RankFigures::reservedBytes);
+    fs.perRank("meshtrain_allocator_peak_bytes", "peak bytes allocated by the rank's device allocator",
+               f.ranks, &RankFigures::peakBytes);
     fs.gauge("meshtrain_straggler_rank", "the rank with the longest compute time per step", f.stragglerRank);
-    fs.gauge("meshtrain_straggler_lag_seconds", "the straggler's compute seconds per step beyond the fastest rank's",
-             f.stragglerLagS);
+    fs.gauge("meshtrain_straggler_lag_seconds",
+             "the straggler's compute seconds per step beyond the fastest rank's", f.stragglerLagS);
     fs.gauge("meshtrain_straggler_lag_ratio", "the straggler's compute time over the fastest rank's, minus 1",
              f.stragglerLagRatio);
-    fs.gauge("meshtrain_last_report_timestamp_seconds", "when rank 0 last reported a log interval (Unix seconds)",
-             x.lastReportTime);
+    fs.gauge("meshtrain_last_report_timestamp_seconds",
+             "when rank 0 last reported a log interval (Unix seconds)", x.lastReportTime);
   }
   if (x.haveEval) {
     fs.gauge("meshtrain_eval_step", "the step of the last evaluation", static_cast<double>(x.evalStep));
@@ -246,16 +266,18 @@ std::vector<MetricFamily> RunMetrics::families() const {
     fs.gauge("meshtrain_checkpoint_timestamp_seconds", "when the last checkpoint was written (Unix seconds)",
              x.lastCheckpointTime);
   }
-  fs.counter("meshtrain_resumes_total", "times the run continued from a checkpoint (its metrics.jsonl history)",
+  fs.counter("meshtrain_resumes_total",
+             "times the run continued from a checkpoint (its metrics.jsonl history)",
              static_cast<double>(x.resumes));
   fs.counter("meshtrain_collective_timeouts_total", "collectives on rank 0 that outlived their timeout",
              static_cast<double>(x.timeouts));
-  MetricFamily& exits =
-      fs.add("meshtrain_exits_total", MetricType::kCounter,
-             "process exits by cause (docs/failures.md): finished, preempted (exit 0), failure (1), bad_input (2), "
-             "comm_failure (3), diverged (4)");
+  MetricFamily& exits = fs.add(
+      "meshtrain_exits_total", MetricType::kCounter,
+      "process exits by cause (docs/failures.md): finished, preempted (exit 0), failure (1), bad_input (2), "
+      "comm_failure (3), diverged (4)");
   for (int c = 0; c < kCauses; ++c)
-    exits.samples.push_back({{{"cause", kCauseNames[c]}}, static_cast<double>(x.exits[static_cast<size_t>(c)])});
+    exits.samples.push_back(
+        {{{"cause", kCauseNames[c]}}, static_cast<double>(x.exits[static_cast<size_t>(c)])});
   return fs.take();
 }
 
@@ -285,11 +307,13 @@ void RunMetrics::linger() {
     runDir = figures_->id.runDir.empty() ? "<run_dir>" : figures_->id.runDir;
   }
   const uint64_t generation = server_->advanceGeneration();
-  MT_LOG_INFO << "exit cause " << exitCauseName(cause_) << ": serving the final metrics until a scrape reads them"
+  MT_LOG_INFO << "exit cause " << exitCauseName(cause_)
+              << ": serving the final metrics until a scrape reads them"
               << " (at most " << options_.lingerS << " s, run.metrics_linger_s)";
   const auto wait = std::chrono::milliseconds(static_cast<int64_t>(options_.lingerS * 1000.0));
   if (!server_->waitServed(generation, wait))
-    MT_LOG_INFO << "no scrape within run.metrics_linger_s; the final figures are in " << runDir << "/metrics.prom";
+    MT_LOG_INFO << "no scrape within run.metrics_linger_s; the final figures are in " << runDir
+                << "/metrics.prom";
 }
 
 void finishActiveRunMetrics(ExitCause cause) {

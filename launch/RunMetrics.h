@@ -46,8 +46,8 @@ MetricsExportOptions metricsExportOptions(const Config& cfg);
 
 // One rank's figures of a log interval.
 struct RankFigures {
-  double computeS = 0.0;      // forward + backward seconds per step
-  double commWaitS = 0.0;     // seconds per step waiting for the gradient reduction after backward
+  double computeS = 0.0;       // forward + backward seconds per step
+  double commWaitS = 0.0;      // seconds per step waiting for the gradient reduction after backward
   double dataWaitRatio = 0.0;  // share of the interval's wall time spent waiting for batches
   double allocatedBytes = 0.0, reservedBytes = 0.0, peakBytes = 0.0;  // the device's allocator
 };

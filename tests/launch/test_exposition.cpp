@@ -14,11 +14,15 @@
 namespace mt {
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 TEST(Exposition, HelpTypeAndSamples) {
   MetricFamily c{"jobs_done_total", "jobs finished", MetricType::kCounter, {{{}, 3}}};
-  MetricFamily g{"temp_celsius", "temperature", MetricType::kGauge,
+  MetricFamily g{"temp_celsius",
+                 "temperature",
+                 MetricType::kGauge,
                  {{{{"room", "a"}}, 21.5}, {{{"room", "b"}, {"floor", "2"}}, -4}}};
   EXPECT_EQ(formatExposition({c, g}),
             "# HELP jobs_done_total jobs finished\n"
@@ -43,7 +47,8 @@ TEST(Exposition, EscapesLabelValuesAndHelp) {
             "m{path=\"C:\\\\tmp\\n\\\"q\\\"\"} 1\n");
   // Whatever the values hold, the exposition stays one line per sample.
   int lines = 0;
-  for (char c : text) lines += c == '\n';
+  for (char c : text)
+    lines += c == '\n';
   EXPECT_EQ(lines, 3);
   // UTF-8 passes through untouched.
   EXPECT_EQ(escapeLabelValue("größe"), "größe");
@@ -101,8 +106,9 @@ TEST(RunMetricsFamilies, IntervalFiguresAndLabels) {
   m.identify({"/tmp/none", "run \"x\"", "mlp", "no_shard", "cpu", 2, 100, 0, 128});
   std::string text = m.render();
   EXPECT_TRUE(contains(text, "meshtrain_step 0\n"));
-  EXPECT_TRUE(contains(text, "meshtrain_run_info{run=\"run \\\"x\\\"\",model=\"mlp\",strategy=\"no_shard\","
-                             "device=\"cpu\"} 1\n"));
+  EXPECT_TRUE(contains(text,
+                       "meshtrain_run_info{run=\"run \\\"x\\\"\",model=\"mlp\",strategy=\"no_shard\","
+                       "device=\"cpu\"} 1\n"));
   EXPECT_FALSE(contains(text, "meshtrain_loss "));  // not before the first report
   for (const char* cause : {"finished", "preempted", "failure", "bad_input", "comm_failure", "diverged"})
     EXPECT_TRUE(contains(text, std::string("meshtrain_exits_total{cause=\"") + cause + "\"} 0\n")) << cause;

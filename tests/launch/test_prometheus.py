@@ -87,6 +87,15 @@ class Prometheus:
         assert answer["status"] == "success", answer
         return answer["data"]["result"]
 
+    def query_range(self, promql, seconds=600):
+        """What a Grafana panel asks: the expression over the last `seconds`, a point a second."""
+        now = time.time()
+        url = f"http://127.0.0.1:{self.port}/api/v1/query_range?" + urllib.parse.urlencode(
+            {"query": promql, "start": now - seconds, "end": now, "step": "1"})
+        answer = json.loads(http_get(url))
+        assert answer["status"] == "success", answer
+        return answer["data"]["result"]
+
     def value(self, promql):
         """The single sample an instant query returns, as a float (None when there is none)."""
         result = self.query(promql)
@@ -199,6 +208,28 @@ class PrometheusScrape(unittest.TestCase):
         self.assertEqual(prom.value(f'max_over_time(meshtrain_exits_total{{cause="finished"}}{window})'), 1)
         # A new process starts its counters afresh, as Prometheus expects of a restart.
         self.assertEqual(prom.value(f"resets(meshtrain_steps_total{window})"), 1)
+        self.check_dashboard(prom)
+
+    def check_dashboard(self, prom):
+        """Every query of scripts/grafana/meshtrain.json is PromQL this Prometheus accepts, the main
+        panels have data from the run, and every metric the dashboard names is documented."""
+        with open(os.path.join(SRC, "scripts/grafana/meshtrain.json")) as f:
+            dash = json.load(f)
+        with open(os.path.join(SRC, "docs/metrics.md")) as f:
+            documented = set(re.findall(r"`(meshtrain_[a-z_]+)`", f.read()))
+        self.assertGreater(len(dash["panels"]), 10)
+        answered = {}
+        for panel in dash["panels"]:
+            self.assertTrue(panel["targets"], panel["title"])
+            for t in panel["targets"]:
+                expr = (t["expr"].replace("$instance", ".*").replace("$__range", "10m")
+                        .replace("$__rate_interval", "1m"))
+                for name in re.findall(r"meshtrain_[a-z_]+", expr):
+                    self.assertIn(name, documented, f"{name} (panel {panel['title']}) is not in docs/metrics.md")
+                answered.setdefault(panel["title"], []).append(prom.query_range(expr))
+        for title in ("Step", "Loss", "Throughput", "Allocator bytes per rank", "Checkpoints", "Exits by cause",
+                      "Straggler", "Data wait share per rank", "Communication wait per rank", "Resumes", "Restarts"):
+            self.assertTrue(any(answered[title]), f"panel {title} shows nothing")
 
     def test_port_in_use_is_a_warning(self):
         with tempfile.TemporaryDirectory() as d, socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
