@@ -88,6 +88,10 @@ MetricsServer::MetricsServer(const std::string& bind, int port, Render render) :
   address_ = listeningAddress(bind, port_);
 }
 
+bool MetricsServer::supportsIpv6() {
+  return mg_check_feature(8) != 0;  // 8: MG_FEATURES_IPV6
+}
+
 MetricsServer::~MetricsServer() {
   // Waits for the worker threads; each request is bounded by request_timeout_ms.
   if (ctx_) mg_stop(ctx_);

@@ -25,13 +25,17 @@ class MetricsServer {
  public:
   using Render = std::function<std::string()>;
 
-  // Listens on `bind` (an IPv4 or IPv6 literal) port `port` (0: any free port, for tests).
+  // Listens on `bind` (an IPv4 literal; IPv6 where supportsIpv6()) port `port` (0: any free port,
+  // for tests).
   // Throws IoError naming the address when it cannot listen (a port in use, an address that is
   // not this host's): the caller decides that this is a warning, not a failure of the run.
   MetricsServer(const std::string& bind, int port, Render render);
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
+
+  // Whether this civetweb listens on IPv6 (Debian 12's is built without it).
+  static bool supportsIpv6();
 
   int port() const { return port_; }
   // "127.0.0.1:9400", "[::1]:9400".

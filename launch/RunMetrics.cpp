@@ -78,10 +78,16 @@ MetricsExportOptions metricsExportOptions(const Config& cfg) {
   o.bind = cfg.str("run.metrics_bind");
   o.lingerS = cfg.f64("run.metrics_linger_s");
   unsigned char addr[16];
-  if (inet_pton(AF_INET, o.bind.c_str(), addr) != 1 && inet_pton(AF_INET6, o.bind.c_str(), addr) != 1)
+  const bool v4 = inet_pton(AF_INET, o.bind.c_str(), addr) == 1;
+  const bool v6 = !v4 && inet_pton(AF_INET6, o.bind.c_str(), addr) == 1;
+  if (v6 && !MetricsServer::supportsIpv6())
     cfg.fail("run.metrics_bind", "'" + o.bind +
-                                     "' is not an IPv4 or IPv6 address (0.0.0.0: every interface, "
-                                     "127.0.0.1: this host only, ::, ::1)");
+                                     "' is an IPv6 address, and this build's civetweb serves IPv4 only "
+                                     "(Debian 12's is built without IPv6): use 0.0.0.0 or 127.0.0.1");
+  if (!v4 && !v6)
+    cfg.fail("run.metrics_bind", "'" + o.bind +
+                                     "' is not an IP address (0.0.0.0: every interface, 127.0.0.1: this "
+                                     "host only; a host name is not taken)");
   return o;
 }
 

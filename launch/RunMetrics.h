@@ -40,8 +40,8 @@ struct MetricsExportOptions {
   std::string bind = "0.0.0.0";
   double lingerS = 15.0;
 };
-// run.metrics_port, run.metrics_bind (checked: an IPv4 or IPv6 literal; ConfigError naming the
-// key otherwise), run.metrics_linger_s.
+// run.metrics_port, run.metrics_bind (checked: an IP address the server can listen on, IPv6 only
+// where civetweb was built with it; ConfigError naming the key otherwise), run.metrics_linger_s.
 MetricsExportOptions metricsExportOptions(const Config& cfg);
 
 // One rank's figures of a log interval.

@@ -255,7 +255,7 @@ class PrometheusScrape(unittest.TestCase):
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             self.assertEqual(p.returncode, 2, (p.stdout + p.stderr)[-2000:])
             self.assertIn("run.metrics_bind", p.stderr)
-            self.assertIn("'localhost' is not an IPv4 or IPv6 address", p.stderr)
+            self.assertIn("'localhost' is not an IP address", p.stderr)
 
 
 if __name__ == "__main__":
