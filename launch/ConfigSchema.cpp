@@ -73,6 +73,15 @@ const std::vector<ConfigKey>& configSchema() {
       integer("run.seed", "1234", {}, "seed of initialisation, shuffling and dropout"),
       integer("run.log_interval", "100", kPositive, "steps between progress lines and metrics.jsonl step records"),
       boolean("run.trace", "false", "write per-step communication timestamps to <run_dir>/trace.jsonl"),
+      integer("run.metrics_port", "0", within(0, 65535, false, false),
+              "rank 0 serves Prometheus metrics on http://<run.metrics_bind>:<port>/metrics, every rank's figures "
+              "included (docs/metrics.md); 0: off. A port in use is a warning, and the run goes on"),
+      text("run.metrics_bind", "0.0.0.0",
+           "address the metrics endpoint listens on, an IP address (IPv4 with Debian 12's civetweb): 0.0.0.0 "
+           "(every interface: Prometheus usually scrapes from another host) or 127.0.0.1 (this host only)"),
+      real("run.metrics_linger_s", "15", within(0, 3600, false, false),
+           "at exit, rank 0 keeps serving until one scrape has read the exit cause, at most this long (set it to "
+           "the scrape interval; 0: no wait); the final figures also go to <run_dir>/metrics.prom"),
       choice("run.log_level", "info", choicesOf(logLevels()), "MT_LOG_LEVEL overrides"),
       // model
       choice("model.type", "mlp", {{"mlp", ""}, {"cnn", ""}, {"gpt", ""}}),

@@ -7,6 +7,7 @@
 
 #include "core/Log.h"
 #include "launch/RunDirectory.h"
+#include "launch/RunMetrics.h"
 
 namespace mt {
 
@@ -22,6 +23,8 @@ void dumpCollectives(Communicator& comm) {
 void onPeerLost(Communicator& world, int lostRank, const std::string& why, int peerExitCode) {
   MT_LOG_ERROR << "rank " << lostRank << " lost: " << why << "; ending this rank";
   dumpCollectives(world);
+  // Rank 0's Prometheus endpoint shows the cause (a launcher ending the job may cut the wait short).
+  finishActiveRunMetrics(exitCauseOf(peerExitCode > 0 ? peerExitCode : static_cast<int>(ExitCode::kCommFailure), false));
   releaseRunDirLockBeforeExit();
   std::fflush(stdout);
   std::fflush(stderr);
@@ -34,6 +37,9 @@ void onPeerLost(Communicator& world, int lostRank, const std::string& why, int p
 void abortJob(const std::string& message, ExitCode code, Communicator* world, HealthMonitor* health) {
   MT_LOG_ERROR << "error: " << message;
   if (world) dumpCollectives(*world);
+  // Before the peers learn of the abort (and the launcher ends the job): rank 0's Prometheus
+  // endpoint shows the exit cause to a last scrape (bounded by run.metrics_linger_s).
+  finishActiveRunMetrics(exitCauseOf(static_cast<int>(code), false));
   if (health) health->announceAbort(static_cast<int>(code));
   releaseRunDirLockBeforeExit();
   std::fflush(stdout);

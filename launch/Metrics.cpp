@@ -108,8 +108,11 @@ MetricsRepair MetricsWriter::repairForResume(int64_t step) {
       ++rep.tornLines;
     else if (isRedone(r, step))
       ++rep.redoneRecords;
-    else
+    else {
+      const auto type = r.find("type");
+      if (type != r.end() && type->is_string() && *type == "resume") ++rep.resumeRecords;
       kept.append(line).push_back('\n');
+    }
   }
   if (kept != text) replaceFile(path_, kept);
   open(path_, /*append=*/true);

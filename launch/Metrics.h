@@ -19,6 +19,7 @@ namespace mt {
 struct MetricsRepair {
   int64_t tornLines = 0;      // lines that were not a JSON object (a torn write of an older build)
   int64_t redoneRecords = 0;  // step/eval/memory records of steps after the checkpoint
+  int64_t resumeRecords = 0;  // "resume" records kept: how often the run was resumed before
 };
 
 class MetricsWriter {

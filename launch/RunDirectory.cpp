@@ -329,7 +329,7 @@ namespace {
 
 // The trainer's own files in a run directory (what a fresh start moves away).
 bool isRunOutput(const std::string& name) {
-  static const char* const kNames[] = {"config.ini", "metrics.jsonl", "PREEMPTED", "nccl.env",
+  static const char* const kNames[] = {"config.ini", "metrics.jsonl", "metrics.prom", "PREEMPTED", "nccl.env",
                                        "nccl_report.json"};
   for (const char* n : kNames)
     if (name == n) return true;

@@ -13,8 +13,9 @@ namespace mt {
 
 namespace fs = std::filesystem;
 
-RunReporter::RunReporter(const Task& task, Communicator& world, const std::string& runDir, bool resumed, bool trace)
-    : task_(task), world_(world) {
+RunReporter::RunReporter(const Task& task, Communicator& world, const std::string& runDir, bool resumed, bool trace,
+                         RunMetrics* metrics)
+    : task_(task), world_(world), prometheus_(metrics) {
   if (world_.rank() == 0) metrics_.open(runDir + "/metrics.jsonl", /*append=*/resumed);
   if (trace)
     trace_ = std::make_unique<std::ofstream>(runDir + "/trace.rank" + std::to_string(world_.rank()) + ".jsonl",
@@ -24,17 +25,26 @@ RunReporter::RunReporter(const Task& task, Communicator& world, const std::strin
 void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
   // The step's loss over the global batch (every rank's rows), as a single process would report.
   const LossStats global = sumOverRanks(world_, r.local);
-  // Straggler report: every rank's compute time per step (forward + backward, no gradient wait).
+  // Every rank's figures in one all-gather: compute time per step (the straggler report), and for
+  // the Prometheus endpoint the gradient wait, data wait and device allocator bytes.
   const int W = world_.size();
-  Tensor mine = Tensor::empty({1}, DType::kF64), all = Tensor::empty({W}, DType::kF64);
-  mine.data<double>()[0] = r.computePerStep;
+  const AllocatorStats as = allocatorFor(r.device).stats();
+  const double figures[kRankColumns] = {r.computePerStep,
+                                        r.commWaitPerStep,
+                                        r.seconds > 0 ? r.waitSeconds / r.seconds : 0.0,
+                                        static_cast<double>(as.allocatedBytes),
+                                        static_cast<double>(as.reservedBytes),
+                                        static_cast<double>(as.peakAllocatedBytes)};
+  Tensor mine = Tensor::empty({kRankColumns}, DType::kF64), all = Tensor::empty({kRankColumns * W}, DType::kF64);
+  std::copy(figures, figures + kRankColumns, mine.data<double>());
   world_.allGather(mine, all)->wait(world_.timeout());
   const CommReport comm = parallelism.takeCommReport();
   if (world_.rank() != 0) return;
-  const double* ct = all.data<double>();
-  const int slowest = static_cast<int>(std::max_element(ct, ct + W) - ct);
-  const double fastest = *std::min_element(ct, ct + W);
-  const double spread = fastest > 0 ? ct[slowest] / fastest - 1.0 : 0.0;
+  std::vector<double> ct(static_cast<size_t>(W));
+  for (int k = 0; k < W; ++k) ct[static_cast<size_t>(k)] = all.data<double>()[kRankColumns * k];
+  const int slowest = static_cast<int>(std::max_element(ct.begin(), ct.end()) - ct.begin());
+  const double fastest = *std::min_element(ct.begin(), ct.end());
+  const double spread = fastest > 0 ? ct[static_cast<size_t>(slowest)] / fastest - 1.0 : 0.0;
   const double count = static_cast<double>(global.count);
   Progress p;
   p.step = r.step + 1;
@@ -76,13 +86,11 @@ void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
                       {"data_wait_s", r.steps > 0 ? r.waitSeconds / static_cast<double>(r.steps) : 0.0},
                       {"time", wallMicros() / 1e6}};
   task_.addStepFields(p, j);
-  {  // this rank's device memory (rank 0 writes the record): the curve the plots draw
-    const AllocatorStats as = allocatorFor(r.device).stats();
-    j["allocated_bytes"] = as.allocatedBytes;
-    j["reserved_bytes"] = as.reservedBytes;
-    j["allocator_peak_bytes"] = as.peakAllocatedBytes;
-  }
-  j["compute_s_per_rank"] = std::vector<double>(ct, ct + W);
+  // this rank's device memory (rank 0 writes the record): the curve the plots draw
+  j["allocated_bytes"] = as.allocatedBytes;
+  j["reserved_bytes"] = as.reservedBytes;
+  j["allocator_peak_bytes"] = as.peakAllocatedBytes;
+  j["compute_s_per_rank"] = ct;
   j["straggler_rank"] = slowest;
   j["straggler_spread"] = spread;
   if (comm.present) {
@@ -92,6 +100,33 @@ void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
     j["compression_s"] = cs.seconds * perStep;
   }
   metrics_.write(j);
+  if (prometheus_) prometheus_->interval(prometheusFigures(r, p, j, all.data<double>(), slowest, fastest));
+}
+
+// What the Prometheus endpoint shows of an interval: the progress figures, the task's own (tokens,
+// MFU) from the step record, and every rank's gathered columns.
+IntervalFigures RunReporter::prometheusFigures(const IntervalReport& r, const Progress& p, const nlohmann::json& j,
+                                               const double* gathered, int slowest, double fastest) const {
+  IntervalFigures f;
+  f.step = p.step;
+  f.totalSteps = r.totalSteps;
+  f.epoch = r.position.epoch;
+  f.seconds = r.seconds;
+  f.loss = p.loss;
+  f.accuracy = p.accuracy;
+  f.lr = p.lr;
+  f.samplesPerS = p.samplesPerS;
+  f.stepSeconds = p.stepSeconds;
+  if (j.contains("tokens_per_s")) f.tokensPerS = j["tokens_per_s"].get<double>();
+  if (j.contains("mfu")) f.mfu = j["mfu"].get<double>();
+  for (int k = 0; k < world_.size(); ++k) {
+    const double* c = gathered + kRankColumns * k;
+    f.ranks.push_back({c[0], c[1], c[2], c[3], c[4], c[5]});
+  }
+  f.stragglerRank = slowest;
+  f.stragglerLagS = f.ranks[static_cast<size_t>(slowest)].computeS - fastest;
+  f.stragglerLagRatio = fastest > 0 ? f.ranks[static_cast<size_t>(slowest)].computeS / fastest - 1.0 : 0.0;
+  return f;
 }
 
 void RunReporter::memory(int64_t step, const MemoryAccount& m, const std::string& strategy, int64_t numParams) {
@@ -128,6 +163,7 @@ void RunReporter::evaluation(int64_t step, const EvalResult& e) {
               << e.count << " examples)";
   metrics_.write({{"type", "eval"}, {"step", step}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy},
                   {"count", e.count}});
+  if (prometheus_) prometheus_->evaluation(step, e.loss, e.accuracy);
 }
 
 void RunReporter::resumed(int64_t step) {
@@ -144,6 +180,7 @@ void RunReporter::resumed(int64_t step) {
                   {"dropped_records", rep.redoneRecords},
                   {"torn_lines", rep.tornLines},
                   {"time", wallMicros() / 1e6}});
+  if (prometheus_) prometheus_->resumed(step, rep.resumeRecords + 1);
 }
 
 void RunReporter::preempted(int64_t step, int64_t totalSteps, const std::string& runDir) {

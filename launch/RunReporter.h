@@ -15,6 +15,7 @@
 #include "comm/DataParallel.h"
 #include "launch/Metrics.h"
 #include "launch/Parallelism.h"
+#include "launch/RunMetrics.h"
 #include "launch/Task.h"
 #include "sharding/ShardedEngine.h"
 
@@ -30,6 +31,7 @@ struct IntervalReport {
   int64_t steps = 0;               // steps in it
   double waitSeconds = 0.0;        // data-wait time in it
   double computePerStep = 0.0;     // this rank's forward + backward seconds per step
+  double commWaitPerStep = 0.0;    // this rank's seconds per step waiting for the gradient reduction
   double lr = 0.0;
   Device device = Device::cpu();
 };
@@ -37,8 +39,9 @@ struct IntervalReport {
 class RunReporter {
  public:
   // Opens <runDir>/metrics.jsonl on rank 0 (appending when resumed) and the trace file with
-  // run.trace.
-  RunReporter(const Task& task, Communicator& world, const std::string& runDir, bool resumed, bool trace);
+  // run.trace. metrics: rank 0's Prometheus figures (run.metrics_port), fed at each report; null: none.
+  RunReporter(const Task& task, Communicator& world, const std::string& runDir, bool resumed, bool trace,
+              RunMetrics* metrics = nullptr);
 
   // The loss over the global batch, the progress line and the step record. Collective.
   void interval(const IntervalReport& r, Parallelism& parallelism);
@@ -61,9 +64,15 @@ class RunReporter {
                  const std::vector<int64_t>& batchIndices);
 
  private:
+  // Columns each rank contributes to the interval's all-gather (RunReporter.cpp).
+  static constexpr int kRankColumns = 6;
+  IntervalFigures prometheusFigures(const IntervalReport& r, const Progress& p, const nlohmann::json& record,
+                                    const double* gathered, int slowest, double fastest) const;
+
   const Task& task_;
   Communicator& world_;
   MetricsWriter metrics_;
+  RunMetrics* prometheus_ = nullptr;
   std::string markerError_;
   std::unique_ptr<std::ofstream> trace_;
 };

@@ -61,8 +61,8 @@ void Trainer::warnIfBoundNarrowly() const {
               << ")";
 }
 
-Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi)
-    : cfg_(cfg), s_(Settings::fromConfig(cfg)), mpi_(mpi), launch_(discoverLaunch(mpi)) {
+Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi, RunMetrics* metrics)
+    : cfg_(cfg), s_(Settings::fromConfig(cfg)), mpi_(mpi), launch_(discoverLaunch(mpi)), metrics_(metrics) {
   if (mpi_.rank() == 0) MT_LOG_INFO << launch_.describe() << " on " << mpi_.numNodes() << " node(s)";
   for (const auto& name : unknownEnvParams()) {
     if (mpi_.rank() == 0) MT_LOG_WARN << "unknown environment variable " << name << " (see trainer --help-env)";
@@ -78,6 +78,9 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi)
   setupModel();
   resumeIfAny();
   writeRunFiles();
+  if (metrics_)
+    metrics_->identify({runDir_, s_.runName, model_->name(), parallelism_->strategyName(), device_.str(),
+                        world_->size(), totalSteps_, startStep_, s_.globalBatch});
   // Collective (MPI_Comm_dup): only after every rank-local step of setup has been agreed on.
   if (mpi_.size() > 1) stop_ = std::make_unique<StopAgreement>(MPI_COMM_WORLD);
 }
@@ -322,7 +325,7 @@ void Trainer::writeOwnRunFiles() {
     if (!topo_.ncclEnv.empty() || topo_.profile) writeNcclEnv(runDir_ + "/nccl.env", topo_);
     writeFileAtomically(runDir_ + "/config.ini", cfg_.toIni());
   }
-  reporter_ = std::make_unique<RunReporter>(*task_, *world_, runDir_, resumed_, s_.trace);
+  reporter_ = std::make_unique<RunReporter>(*task_, *world_, runDir_, resumed_, s_.trace, metrics_);
 }
 
 void Trainer::adviseResume() const {
@@ -345,7 +348,9 @@ void Trainer::saveCheckpoint(int64_t stepsDone) {
     st.scalerClean = scaler_->cleanSteps();
   }
   st.strategy = parallelism_->strategyName();
+  Stopwatch took;
   ckpt_->save(st, *parallelism_, model_->params());
+  if (metrics_) metrics_->checkpointWritten(stepsDone, took.elapsed());
 }
 
 LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
@@ -390,7 +395,9 @@ LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
     backwardStartUs = wallMicros();
     par.beforeBackward(k, K, step);
     model_->backward(ctx);
+    Stopwatch commWait;
     par.finishBackward();
+    intervalCommWait_ += commWait.elapsed();
   }
   intervalCompute_ += compute.elapsed();
 #ifdef MT_WITH_CUDA
@@ -438,6 +445,8 @@ void Trainer::reportInterval(int64_t step, const LossStats& local, double second
   r.computePerStep = steps > 0 ? intervalCompute_ / static_cast<double>(steps) : 0.0;
   if (device_.isCuda()) r.computePerStep = lastGpuComputeSeconds();
   intervalCompute_ = 0.0;
+  r.commWaitPerStep = steps > 0 ? intervalCommWait_ / static_cast<double>(steps) : 0.0;
+  intervalCommWait_ = 0.0;
   r.lr = static_cast<double>(schedule_.at(step));
   r.device = device_;
   reporter_->interval(r, *parallelism_);
@@ -593,6 +602,7 @@ int Trainer::endRun(RunEnd end, int64_t stepsDone, EvalResult last, bool evaluat
     case RunEnd::kRecordsFailed:
       return agreedExitCode(endOnRecordsFailure(stepsDone));
     case RunEnd::kPreempted:
+      preempted_ = true;
       reporter_->preempted(stepsDone, totalSteps_, runDir_);
       adviseResume();
       return agreedExitCode(0);
@@ -631,6 +641,7 @@ int Trainer::run() {
     const bool logNow = (step + 1) % s_.logInterval == 0 || step + 1 == totalSteps_;
     if (first || logNow) stats = stats.resolved();  // (an out-of-range target is raised here)
     watchLoss(step, stats);
+    if (metrics_) metrics_->stepDone(step + 1);
     if (first) {
       if (world_->rank() == 0) MT_LOG_INFO << "first step done in " << firstStep.elapsed() << " s";
       reportMemory(step + 1);

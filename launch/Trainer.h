@@ -20,6 +20,7 @@
 #include "launch/RankDiscovery.h"
 #include "launch/RunDirectory.h"
 #include "launch/RunGuard.h"
+#include "launch/RunMetrics.h"
 #include "launch/RunReporter.h"
 #include "launch/Settings.h"
 #include "launch/Signals.h"
@@ -33,10 +34,12 @@ namespace mt {
 
 class Trainer {
  public:
-  Trainer(const Config& cfg, MpiEnvironment& mpi);
+  // metrics: rank 0's Prometheus figures (run.metrics_port), else null.
+  Trainer(const Config& cfg, MpiEnvironment& mpi, RunMetrics* metrics = nullptr);
   ~Trainer();
   // Trains to the configured end; returns the process exit code.
   int run();
+  bool preempted() const { return preempted_; }  // run() ended on a stop signal
   Communicator& world() { return *world_; }
   HealthMonitor* health() { return health_.get(); }
   const std::string& runDir() const { return runDir_; }
@@ -118,8 +121,11 @@ class Trainer {
   int64_t startStep_ = 0;
   int64_t activationPeak_ = 0;
   bool resumed_ = false;
+  bool preempted_ = false;
+  RunMetrics* metrics_ = nullptr;
   // Per-rank compute time (forward + backward, not waiting for gradients): the straggler report.
   double intervalCompute_ = 0.0;
+  double intervalCommWait_ = 0.0;  // host seconds in finishBackward(): waiting for the reduction
   struct GpuTimers;
   std::unique_ptr<GpuTimers> gpuTimers_;
 };

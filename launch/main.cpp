@@ -28,6 +28,7 @@
 #include "launch/Failure.h"
 #include "launch/Plan.h"
 #include "launch/RankDiscovery.h"
+#include "launch/RunMetrics.h"
 #include "launch/SetupAgreement.h"
 #include "launch/Signals.h"
 #include "launch/Trainer.h"
@@ -304,6 +305,7 @@ int main(int argc, char** argv) {
   // than the default action (the process killed).
   mt::installStopSignals();
   mt::MpiEnvironment mpi(&argc, &argv);
+  std::unique_ptr<mt::RunMetrics> metrics;  // rank 0's Prometheus endpoint; outlives the trainer
   std::unique_ptr<mt::Trainer> trainer;
   int code = 0;
   std::string message;
@@ -314,7 +316,8 @@ int main(int argc, char** argv) {
       if (mpi.rank() == 0) std::cout << mt::configHelp();
       return 0;
     }
-    trainer = std::make_unique<mt::Trainer>(cfg, mpi);
+    metrics = mt::RunMetrics::start(mt::metricsExportOptions(cfg), mpi.rank());
+    trainer = std::make_unique<mt::Trainer>(cfg, mpi, metrics.get());
   } catch (const mt::Error& e) {
     code = static_cast<int>(e.exitCode());
     message = std::string("error: ") + e.what();
@@ -325,15 +328,21 @@ int main(int argc, char** argv) {
   code = mt::agreeOnSetup(code, message, mpi.rank(), mpi.size());
   if (code) {
     trainer.reset();
+    mt::finishActiveRunMetrics(mt::exitCauseOf(code, false));
     return code;
   }
   try {
     code = trainer->run();
   } catch (const mt::Error& e) {
+    if (metrics && dynamic_cast<const mt::TimeoutError*>(&e)) metrics->collectiveTimeout();
     mt::abortJob(e.what(), e.exitCode(), &trainer->world(), trainer->health());
   } catch (const std::exception& e) {
     mt::abortJob(std::string("internal: ") + e.what(), mt::ExitCode::kFailure, &trainer->world(), trainer->health());
   }
+  // The exit cause is counted and saved while the run directory is still this job's; the last
+  // scrape is waited for once the trainer (its threads, communicators, lock) is gone.
+  if (metrics) metrics->finish(mt::exitCauseOf(code, trainer->preempted()));
   trainer.reset();
+  if (metrics) metrics->linger();
   return code;
 }

@@ -11,6 +11,8 @@ packages=(
   libgtest-dev
   libopenblas-dev
   libpugixml-dev nlohmann-json3-dev
+  libcivetweb-dev  # the HTTP server of run.metrics_port (launch/MetricsServer.h)
+  prometheus       # the server tests/launch/test_prometheus.py scrapes a run with (started by the test only)
   python3 python3-numpy python3-h5py python3-torch python3-matplotlib
   dataset-fashion-mnist
 )

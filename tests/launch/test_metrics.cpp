@@ -78,6 +78,21 @@ TEST_F(MetricsFile, ResumeKeepsALastRecordThatOnlyLacksItsNewline) {
   EXPECT_EQ(lines()[1], "{\"type\":\"step\",\"step\":2,\"loss\":1}");
 }
 
+// The resume records kept are the run's history of resumes (meshtrain_resumes_total counts them).
+TEST_F(MetricsFile, ResumeCountsEarlierResumes) {
+  put("{\"type\":\"step\",\"step\":1,\"loss\":1}\n"
+      "{\"type\":\"resume\",\"step\":1}\n"
+      "{\"type\":\"step\",\"step\":2,\"loss\":1}\n"
+      "{\"type\":\"resume\",\"step\":2}\n"
+      "{\"type\":\"resume\",\"step\":2}\n"
+      "{\"type\":7,\"step\":2}\n");  // not a resume record, and no crash on a non-string type
+  MetricsWriter w;
+  w.open(path_, true);
+  EXPECT_EQ(w.repairForResume(2).resumeRecords, 3);
+  w.write({{"type", "resume"}, {"step", 2}});
+  EXPECT_EQ(w.repairForResume(2).resumeRecords, 4);
+}
+
 TEST_F(MetricsFile, ANonFiniteNumberIsWrittenNull) {
   MetricsWriter w;
   w.open(path_, false);
