@@ -11,7 +11,9 @@ packages=(
   libgtest-dev
   libopenblas-dev
   libpugixml-dev nlohmann-json3-dev
+  libprotobuf-dev protobuf-compiler libonnx-dev  # the ONNX export: onnx.proto compiled by protoc
   python3 python3-numpy python3-h5py python3-torch python3-matplotlib
+  python3-onnx  # onnx.checker for the exported models (ONNX Runtime itself comes from npm: scripts/onnx)
   dataset-fashion-mnist
 )
 for arg in "$@"; do
