@@ -195,6 +195,9 @@ class OnnxExport(unittest.TestCase):
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertIn(bad, p.stderr)
             self.assertIn(needle, p.stderr)
+        p = run([TRAINER, "logits", "--checkpoint", ckpt, "--out", kept, "--first", "510", "--count", "5"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("samples 510..514 are outside split 'test'", p.stderr)
         # A checkpoint of an older build: meta.json without the architecture record (resealed).
         old = os.path.join(d, "old_ckpt")
         shutil.copytree(ckpt, old)
