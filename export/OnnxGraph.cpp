@@ -59,16 +59,6 @@ OnnxAttr OnnxAttr::integers(std::string name, std::vector<int64_t> v) {
   a.ints = std::move(v);
   return a;
 }
-OnnxAttr OnnxAttr::scalarTensor(std::string name, OnnxType t, double v) {
-  OnnxAttr a;
-  a.name = std::move(name);
-  a.kind = Kind::kTensor;
-  a.tensorType = t;
-  a.f = static_cast<float>(v);
-  a.i = static_cast<int64_t>(v);
-  return a;
-}
-
 namespace {
 
 // A file written under a temporary name in its directory and renamed over its target by commit();
@@ -164,19 +154,6 @@ void setAttribute(onnx::AttributeProto* p, const OnnxAttr& a) {
       for (int64_t v : a.ints)
         p->add_ints(v);
       break;
-    case OnnxAttr::Kind::kTensor: {
-      p->set_type(onnx::AttributeProto::TENSOR);
-      onnx::TensorProto* t = p->mutable_t();
-      t->set_data_type(static_cast<int32_t>(a.tensorType));
-      t->add_dims(1);
-      if (a.tensorType == OnnxType::kFloat)
-        t->add_float_data(a.f);
-      else if (a.tensorType == OnnxType::kInt64)
-        t->add_int64_data(a.i);
-      else
-        t->add_int32_data(static_cast<int32_t>(a.i));  // int32, int8, uint8, bool
-      break;
-    }
   }
 }
 

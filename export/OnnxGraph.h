@@ -28,24 +28,20 @@ namespace mt {
 enum class OnnxType : int32_t { kFloat = 1, kUint8 = 2, kInt8 = 3, kInt32 = 6, kInt64 = 7, kBool = 9 };
 size_t onnxTypeSize(OnnxType t);
 
-// One attribute of a node: an int, a float, a string, a list of ints, or a one-tensor value
-// (ConstantOfShape's `value`: a single element of `tensorType`).
+// One attribute of a node: an int, a float, a string or a list of ints.
 struct OnnxAttr {
-  enum class Kind { kInt, kFloat, kString, kInts, kTensor };
+  enum class Kind { kInt, kFloat, kString, kInts };
   std::string name;
   Kind kind = Kind::kInt;
   int64_t i = 0;
   float f = 0.f;
   std::string s;
   std::vector<int64_t> ints;
-  OnnxType tensorType = OnnxType::kFloat;
 
   static OnnxAttr integer(std::string name, int64_t v);
   static OnnxAttr real(std::string name, float v);
   static OnnxAttr text(std::string name, std::string v);
   static OnnxAttr integers(std::string name, std::vector<int64_t> v);
-  // A scalar tensor attribute ({1} elements of type t, value v converted to t).
-  static OnnxAttr scalarTensor(std::string name, OnnxType t, double v);
 };
 
 // A dimension of a graph input or output: fixed, or symbolic (a name shared by the dims that must
