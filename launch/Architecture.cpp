@@ -159,3 +159,114 @@ ArchitectureDiff compareArchitectures(const std::string& stored, const std::stri
 }
 
 }  // namespace mt
+
+namespace mt {
+
+namespace {
+
+using Json = nlohmann::json;
+
+struct RecordReader {
+  const std::string& where;
+  [[noreturn]] void fail(const std::string& why) const {
+    throw CheckpointError(where + ": architecture record: " + why);
+  }
+  int64_t integer(const Json& j, const char* key, int64_t lo = 1) const {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < lo ||
+        j[key].get<int64_t>() > (int64_t{1} << 40))
+      fail(std::string("'") + key + "' is not an integer in [" + std::to_string(lo) + ", 2^40]");
+    return j[key].get<int64_t>();
+  }
+  float number(const Json& j, const char* key) const {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number()) fail(std::string("'") + key + "' is not a number");
+    return j[key].get<float>();
+  }
+  std::string word(const Json& j, const char* key) const {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_string()) fail(std::string("'") + key + "' is not a string");
+    return j[key].get<std::string>();
+  }
+};
+
+// The ModelConfig buildImageModel turns back into the layers the record lists.
+ModelConfig imageModelConfig(const Json& a, const std::string& type, const RecordReader& rd) {
+  ModelConfig mc;
+  mc.type = type;
+  mc.hidden.clear();
+  mc.convChannels.clear();
+  if (!a.contains("layers") || !a["layers"].is_array()) rd.fail("no layers");
+  std::vector<int64_t> linears;
+  bool activationSeen = false, dropoutSeen = false;
+  for (const Json& l : a["layers"]) {
+    const std::string kind = rd.word(l, "kind");
+    if (kind == "image_input") {
+      mc.inputMean = rd.number(l, "mean");
+      mc.inputStd = rd.number(l, "std");
+      if (!parseLayout(rd.word(l, "output"), &mc.layout)) mc.layout = Layout::kNHWC;  // flat_hwc: an MLP
+    } else if (kind == "linear") {
+      linears.push_back(rd.integer(l, "out_features"));
+    } else if ((kind == "relu" || kind == "gelu") && !activationSeen && !linears.empty()) {
+      mc.activation = kind;
+      activationSeen = true;
+    } else if (kind == "dropout" && !dropoutSeen) {
+      mc.dropout = rd.number(l, "p");
+      dropoutSeen = true;
+    } else if (kind == "conv2d") {
+      mc.convChannels.push_back(rd.integer(l, "out_channels"));
+      mc.kernel = rd.integer(l, "kernel");
+    }
+  }
+  if (linears.empty()) rd.fail("no linear layer");
+  if (type == "mlp") mc.hidden.assign(linears.begin(), linears.end() - 1);
+  else mc.fc = linears.front();
+  return mc;
+}
+
+}  // namespace
+
+RebuiltModel rebuildFromArchitecture(const std::string& architecture, const std::string& where) {
+  const RecordReader rd{where};
+  if (architecture.empty())
+    throw CheckpointError(where + ": the checkpoint records no architecture (written by an older build); "
+                                  "only `--format h5` exports it");
+  const Json a = Json::parse(architecture, nullptr, false);
+  if (!a.is_object() || a.value("format", "") != "meshtrain-architecture") rd.fail("not meshtrain-architecture JSON");
+  RebuiltModel r;
+  r.type = a.value("type", "");
+  std::string current;
+  try {
+    if (r.type == "gpt") {
+      GptConfig& g = r.gpt;
+      g.layers = rd.integer(a, "n_layer");
+      g.heads = rd.integer(a, "n_head");
+      g.channels = rd.integer(a, "n_embd");
+      g.vocab = rd.integer(a, "vocab_size");
+      g.paddedVocab = rd.integer(a, "padded_vocab_size");
+      g.maxT = rd.integer(a, "block_size");
+      r.model = std::make_unique<Gpt>(g);
+      current = describeArchitecture(*r.model, nullptr, &g);
+    } else if (r.type == "mlp" || r.type == "cnn") {
+      const Json in = a.value("input", Json());
+      r.images.height = rd.integer(in, "height");
+      r.images.width = rd.integer(in, "width");
+      r.images.channels = rd.integer(in, "channels");
+      r.images.numClasses = rd.integer(in, "classes");
+      r.model = buildImageModel(imageModelConfig(a, r.type, rd), r.images);
+      current = describeArchitecture(*r.model, &r.images, nullptr);
+    } else {
+      rd.fail("model type '" + r.type + "' (expected mlp, cnn or gpt)");
+    }
+  } catch (const ConfigError& e) {  // a builder refusing the sizes
+    rd.fail(e.what());
+  }
+  const ArchitectureDiff d = compareArchitectures(architecture, current);
+  std::vector<std::string> all = d.changes;
+  all.insert(all.end(), d.notes.begin(), d.notes.end());
+  if (!all.empty()) {
+    std::string text;
+    for (const auto& line : all) text += (text.empty() ? "" : "; ") + line;
+    rd.fail("the trainer's builders do not make this model (" + text + ")");
+  }
+  return r;
+}
+
+}  // namespace mt

@@ -3,15 +3,15 @@
 // `trainer export` beside the weights, so that a reader (h5py, PyTorch) rebuilds the model from the
 // exported file alone (docs/data-format.md, "Exported models").
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "models/Model.h"
 #include "models/ModelConfig.h"
+#include "models/gpt/Gpt.h"
 
 namespace mt {
-
-struct GptConfig;
 
 // Sequential models (mlp, cnn): the input (image shape, classes) and every layer in order with its
 // kind, attributes and parameter names. GPT: its hyper-parameters and parameter naming.
@@ -27,5 +27,17 @@ struct ArchitectureDiff {
   std::vector<std::string> changes, notes;
 };
 ArchitectureDiff compareArchitectures(const std::string& stored, const std::string& current);
+
+// The model a record describes, built by the trainer's own builders (buildImageModel, Gpt) and
+// checked to describe itself as the record does; parameters registered, not materialised.
+// CheckpointError naming `where` for a record it cannot rebuild (no record: a checkpoint of an
+// older build; another type; a layer sequence the builders do not make).
+struct RebuiltModel {
+  std::unique_ptr<Model> model;
+  std::string type;  // mlp | cnn | gpt
+  InputSpec images;  // mlp, cnn
+  GptConfig gpt;     // gpt
+};
+RebuiltModel rebuildFromArchitecture(const std::string& architecture, const std::string& where);
 
 }  // namespace mt

@@ -206,18 +206,31 @@ void checkCoverage(const std::string& dir, const CheckpointMeta& meta) {
 
 }  // namespace
 
+ConsolidatedCheckpoint consolidateCheckpoint(const std::string& dir) {
+  ConsolidatedCheckpoint c;
+  c.meta = readCheckpointMeta(dir);
+  checkCoverage(dir, c.meta);
+  c.flat.resize(static_cast<size_t>(c.meta.numel));
+  std::vector<float> value;
+  for (size_t q = 0; q < c.meta.files.size(); ++q) {
+    const PieceIndex idx = verifyRankFile(dir, c.meta, q, &value);
+    for (size_t k = 0; k < idx.offsets.size(); ++k)
+      std::copy_n(value.begin() + idx.starts[k], idx.lengths[k], c.flat.begin() + idx.offsets[k]);
+  }
+  return c;
+}
+
+Tensor ConsolidatedCheckpoint::param(const CheckpointParam& p) {
+  return Tensor::fromBlob(flat.data() + p.offset, p.shape, DType::kF32);
+}
+
 void exportConsolidated(const std::string& dir, const std::string& out) {
   std::error_code ec;
   if (fs::exists(out, ec) && !fs::is_regular_file(out, ec))
     throw ConfigError("export: --out " + out + " exists and is not a regular file");
-  const CheckpointMeta meta = readCheckpointMeta(dir);
-  checkCoverage(dir, meta);
-  std::vector<float> flat(static_cast<size_t>(meta.numel)), value;
-  for (size_t q = 0; q < meta.files.size(); ++q) {
-    const PieceIndex idx = verifyRankFile(dir, meta, q, &value);
-    for (size_t k = 0; k < idx.offsets.size(); ++k)
-      std::copy_n(value.begin() + idx.starts[k], idx.lengths[k], flat.begin() + idx.offsets[k]);
-  }
+  ConsolidatedCheckpoint c = consolidateCheckpoint(dir);
+  const CheckpointMeta& meta = c.meta;
+  const std::vector<float>& flat = c.flat;
   const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
   try {
     H5Writer w(tmp);

@@ -66,6 +66,17 @@ std::vector<std::string> compressionStateNames(const H5File& file, const std::st
 PieceIndex verifyRankFile(const std::string& dir, const CheckpointMeta& meta, size_t q,
                           std::vector<float>* value = nullptr);
 
+// Every parameter of a checkpoint whole, in f32 (the master weights, whatever precision it trained
+// in), from files of any world size and strategy, each file verified: `flat` is the packed vector
+// meta.params' offsets index. Not collective.
+struct ConsolidatedCheckpoint {
+  CheckpointMeta meta;
+  std::vector<float> flat;
+  // Parameter `p` as a host tensor viewing `flat` (valid while this object lives).
+  Tensor param(const CheckpointParam& p);
+};
+ConsolidatedCheckpoint consolidateCheckpoint(const std::string& dir);
+
 // One HDF5 file with every parameter whole (/params/<name>, f32) and the architecture, from a
 // checkpoint of any world size and strategy, every file verified. Written to a temporary name and
 // renamed, so a failed export leaves an existing `out` untouched. Not collective.

@@ -313,7 +313,8 @@ std::string configHelp() {
         "       trainer --version       version, commit, CUDA/NCCL/cuDNN/MPI/HDF5 built with, run with\n"
         "       trainer topo --help     read an NCCL topology file (GPUs, NICs, rails, fabric)\n"
         "       trainer predict --help  the fabric cost model: step time and scaling per node count\n"
-        "       trainer export --help   a checkpoint's parameters and architecture as one HDF5 file\n"
+        "       trainer export --help   a checkpoint as one HDF5 file (parameters, architecture) or an ONNX model\n"
+        "       trainer logits --help   the trainer's forward of a checkpoint on test samples (export checks)\n"
         "       trainer plan --help     per-rank memory of a configuration, before allocating anything\n"
         "\nkeys (section.key = default: meaning):\n";
   for (const auto& k : configSchema()) {

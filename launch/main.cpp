@@ -4,7 +4,8 @@
 //   trainer --version   version, git commit, and the CUDA/NCCL/cuDNN/MPI/HDF5 built with and run with
 //   trainer topo --file X.xml [--json] [--fabric ...] [--ranks N]   topology summary, rank layout
 //   trainer predict --topo X.xml [--profile P] ...                       scaling prediction
-//   trainer export --checkpoint DIR --out FILE.h5                       consolidated parameters
+//   trainer export --checkpoint DIR --out FILE [--format h5|onnx]        consolidated parameters / ONNX model
+//   trainer logits --checkpoint DIR --out FILE.h5 [--count N] ...       the trainer's forward on test samples
 //   trainer plan --config X.ini [--ranks N] [--gpu-memory GIB]          memory plan per rank
 // Exit codes: 0 ok, 1 internal/library failure, 2 bad input (config, data), 3 lost peer/timeout.
 
@@ -25,6 +26,7 @@
 #include "launch/Checkpoint.h"
 #include "launch/CommandArgs.h"
 #include "launch/Config.h"
+#include "launch/ExportCommand.h"
 #include "launch/Failure.h"
 #include "launch/Plan.h"
 #include "launch/RankDiscovery.h"
@@ -70,10 +72,6 @@ const char* const kPredictUsage =
     "  --hierarchical: also the flat all-reduce against topo.hierarchical's node/rail/node phases.\n"
     "  Ranges: N in (0, 1e15], B in (0, 16], C (ms) in (0, 1e9], F (backward's share of C) in (0, 1],\n"
     "  M in (0, 1048576], G (GB/s) in (0, 1e6], nodes 1..1048576 each\n";
-const char* const kExportUsage =
-    "usage: trainer export --checkpoint DIR --out FILE.h5\n"
-    "  one HDF5 file with the consolidated parameters of a (sharded) checkpoint\n";
-
 bool wantsHelp(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") return true;
@@ -223,40 +221,23 @@ int predictCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
-// trainer export --checkpoint DIR --out FILE.h5
-int exportCommand(const std::vector<std::string>& args) {
-  std::string ckpt, out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--checkpoint" && i + 1 < args.size()) ckpt = args[++i];
-    else if (args[i] == "--out" && i + 1 < args.size()) out = args[++i];
-    else throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
-  }
-  if (ckpt.empty() || out.empty()) throw mt::ConfigError("export: usage: trainer export --checkpoint DIR --out FILE.h5");
-  try {  // a file already at --out is replaced only by a complete export
-    mt::exportConsolidated(ckpt, out);
-  } catch (const mt::Error&) {
-    throw;
-  } catch (const std::exception& e) {  // (the subcommands' handler takes mt::Error only)
-    throw mt::InternalError(std::string("internal: ") + e.what());
-  }
-  std::printf("exported %s to %s\n", ckpt.c_str(), out.c_str());
-  return 0;
-}
-
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "topo" || args[0] == "predict" || args[0] == "export" || args[0] == "plan")) {
+  if (!args.empty() && (args[0] == "topo" || args[0] == "predict" || args[0] == "export" || args[0] == "plan" ||
+                        args[0] == "logits")) {
     try {
       std::vector<std::string> rest(args.begin() + 1, args.end());
       if (wantsHelp(rest)) {
         std::fputs(args[0] == "topo"      ? kTopoUsage
                    : args[0] == "predict" ? kPredictUsage
                    : args[0] == "plan"    ? mt::kPlanUsage
-                                          : kExportUsage,
+                   : args[0] == "logits"  ? mt::kLogitsUsage
+                                          : mt::kExportUsage,
                    stdout);
         return 0;
       }
-      if (args[0] == "export") return exportCommand(rest);
+      if (args[0] == "export") return mt::exportCommand(rest);
+      if (args[0] == "logits") return mt::logitsCommand(rest);
       if (args[0] == "plan") return mt::planCommand(rest);
       return args[0] == "topo" ? topoCommand(rest) : predictCommand(rest);
     } catch (const mt::Error& e) {

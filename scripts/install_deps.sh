@@ -13,7 +13,9 @@ packages=(
   libpugixml-dev nlohmann-json3-dev
   libcivetweb-dev  # the HTTP server of run.metrics_port (launch/MetricsServer.h)
   prometheus       # the server tests/launch/test_prometheus.py scrapes a run with (started by the test only)
+  libprotobuf-dev protobuf-compiler libonnx-dev  # the ONNX export: onnx.proto compiled by protoc
   python3 python3-numpy python3-h5py python3-torch python3-matplotlib
+  python3-onnx  # onnx.checker for the exported models (ONNX Runtime itself comes from npm: scripts/onnx)
   dataset-fashion-mnist
 )
 for arg in "$@"; do

@@ -178,6 +178,56 @@ void Gpt::recompute(Block& b, Context& ctx) {
   b.fcProj->restoreInput(g, ctx);
 }
 
+void Gpt::setPrecisionRoles() {
+  for (Block& b : blocks_)
+    for (Module* m : {static_cast<Module*>(b.ln1.get()), static_cast<Module*>(b.qkv.get()),
+                      static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.fc.get())})
+      m->setLowPrecisionOutput(true);
+  lnf_->setLowPrecisionOutput(true);
+  for (Block& b : blocks_) {  // their input gradients go to attention backward and LayerNorm backward
+    b.proj->setLowPrecisionInputGrad(true);
+    b.qkv->setLowPrecisionInputGrad(true);
+    b.fc->setLowPrecisionInputGrad(true);
+  }
+}
+
+Tensor Gpt::trunk(const Tensor& tokens, Context& ctx) {
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.channels;
+  Tensor x = Tensor::empty({B, T, C}, DType::kF32, tokens.device());
+  embeddingForward(x, tokens, wte_->value);
+  addPositional(x, wpe_->value.narrow(0, 0, T));
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = blocks_[l];
+    hookBefore(static_cast<int>(l) + 1, false);
+    const bool ckpt = ctx.training && cfg_.checkpointed(static_cast<int64_t>(l));
+    Tensor qkv, x1;
+    Tensor out = blockForward(b, x, ctx, ckpt ? &qkv : nullptr, ckpt ? &x1 : nullptr);
+    if (ckpt) checkpoint(b, x, qkv, x1);
+    x = out;
+    hookAfter(static_cast<int>(l) + 1, false);
+  }
+  hookBefore(static_cast<int>(blocks_.size()) + 1, false);
+  Tensor xf = lnf_->forward(x, ctx).view({B * T, C});
+  hookAfter(static_cast<int>(blocks_.size()) + 1, false);
+  return xf;
+}
+
+Tensor Gpt::logits(const Tensor& tokens, Context& ctx) {
+  MT_REQUIRE(tokens.ndim() == 2, DataError, "gpt: tokens must be [B, T], got ", tokens.str());
+  MT_CHECK(!ctx.training, "gpt: logits() is an inference forward");
+  const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  MT_REQUIRE(T <= cfg_.maxT, ConfigError, "gpt: sequence length ", T, " exceeds model.max_seq_len ", cfg_.maxT);
+  setPrecisionRoles();
+  hookBefore(0, false);
+  Tensor xf = trunk(tokens, ctx);
+  // The classifier of forward() on the real vocabulary's rows of wte (the first `vocab`).
+  Tensor wteOp = castTo(wte_->value.narrow(0, 0, cfg_.vocab), matmulDType(tokens.device()));
+  Tensor z = Tensor::empty({B * T, cfg_.vocab}, DType::kF32, tokens.device());
+  linearForward(z, xf, wteOp, nullptr);
+  hookAfter(0, false);
+  return z.view({B, T, cfg_.vocab});
+}
+
 LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   const Tensor& tokens = batch.inputs;
   MT_REQUIRE(tokens.ndim() == 2, DataError, "gpt: tokens must be [B, T], got ", tokens.str());
@@ -193,33 +243,9 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   // outputs, GELU) take the matmul dtype on the GPU in reduced precision; the residual stream and
   // every gradient stay f32.
   const DType act = matmulDType(dev);
-  for (Block& b : blocks_)
-    for (Module* m : {static_cast<Module*>(b.ln1.get()), static_cast<Module*>(b.qkv.get()),
-                      static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.fc.get())})
-      m->setLowPrecisionOutput(true);
-  lnf_->setLowPrecisionOutput(true);
-  for (Block& b : blocks_) {  // their input gradients go to attention backward and LayerNorm backward
-    b.proj->setLowPrecisionInputGrad(true);
-    b.qkv->setLowPrecisionInputGrad(true);
-    b.fc->setLowPrecisionInputGrad(true);
-  }
+  setPrecisionRoles();
   hookBefore(0, false);
-  Tensor x = Tensor::empty({B, T, C}, DType::kF32, dev);
-  embeddingForward(x, tokens, wte_->value);
-  addPositional(x, wpe_->value.narrow(0, 0, T));
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    Block& b = blocks_[l];
-    hookBefore(static_cast<int>(l) + 1, false);
-    const bool ckpt = ctx.training && cfg_.checkpointed(static_cast<int64_t>(l));
-    Tensor qkv, x1;
-    Tensor out = blockForward(b, x, ctx, ckpt ? &qkv : nullptr, ckpt ? &x1 : nullptr);
-    if (ckpt) checkpoint(b, x, qkv, x1);
-    x = out;
-    hookAfter(static_cast<int>(l) + 1, false);
-  }
-  hookBefore(static_cast<int>(blocks_.size()) + 1, false);
-  Tensor xf = lnf_->forward(x, ctx).view({N, C});
-  hookAfter(static_cast<int>(blocks_.size()) + 1, false);
+  Tensor xf = trunk(tokens, ctx);
 
   // Classifier + loss (+ in training its backward), chunk by chunk through one logits buffer in
   // the matmul dtype: the GEMM writes the chunk's logits, the fused softmax-cross-entropy turns

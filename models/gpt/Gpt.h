@@ -82,6 +82,11 @@ class Gpt final : public Model {
   // batch.inputs: tokens [B, T] (i32); batch.targets: next tokens [B, T] (i32/i64, -100 = ignore).
   LossStats forward(const Batch& batch, Context& ctx, int64_t validForMean = -1) override;
   void backward(Context& ctx) override;
+  // Inference forward to the logits of the real vocabulary (the padded rows excluded): tokens [B, T]
+  // (i32) -> [B, T, vocab], f32 (the classifier GEMM's output dtype; the layers as in forward()).
+  // What `trainer logits` writes and the ONNX export is checked against. All B x T x vocab logits
+  // exist at once, unlike forward()'s chunks.
+  Tensor logits(const Tensor& tokens, Context& ctx);
   void initParams(uint64_t seed) override;
   int64_t activationBytes() const override;
   // What a training forward of B x T tokens keeps, without building or allocating anything: the
@@ -104,6 +109,10 @@ class Gpt final : public Model {
     // stream), and with selective checkpointing qkv's output and the residual after attention.
     Tensor input, qkvOut, x1;
   };
+  // Which layers write their outputs (and input gradients) in the matmul dtype: forward's roles.
+  void setPrecisionRoles();
+  // Embeddings, blocks and the final LayerNorm of forward(): xf [B*T, C] in the matmul dtype.
+  Tensor trunk(const Tensor& tokens, Context& ctx);
   void hookBefore(int unit, bool backward);
   void hookAfter(int unit, bool backward);
   // One block's forward: every layer keeps what its backward reads when ctx.training. Returns the

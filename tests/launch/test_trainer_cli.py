@@ -64,9 +64,9 @@ class BadInput(unittest.TestCase):
     def test_help_lists_subcommands_and_each_prints_usage(self):
         code, out, err = run(["--help"])
         self.assertEqual(code, 0, err)
-        for needle in ("--help-env", "--devices", "topo --help", "predict --help", "export --help"):
+        for needle in ("--help-env", "--devices", "topo --help", "predict --help", "export --help", "logits --help"):
             self.assertIn(needle, out)
-        for sub in ("topo", "predict", "export"):
+        for sub in ("topo", "predict", "export", "logits"):
             code, out, err = run([sub, "--help"])
             self.assertEqual(code, 0, err)
             self.assertTrue(out.startswith(f"usage: trainer {sub}"), out)

@@ -1,0 +1,277 @@
+#include "launch/ExportCommand.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "core/Log.h"
+#include "data/H5File.h"
+#include "data/ImageDataset.h"
+#include "data/TokenDataset.h"
+#include "export/OnnxExport.h"
+#include "launch/Architecture.h"
+#include "launch/CheckpointFile.h"
+#include "launch/CommandArgs.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+const char* const kExportUsage =
+    "usage: trainer export --checkpoint DIR --out FILE [--format h5|onnx] [--external-data "
+    "auto|always|never]\n"
+    "  h5 (default): one HDF5 file with the consolidated parameters of a (sharded) checkpoint and its\n"
+    "  architecture; onnx: the model as an ONNX model (opset 17, dynamic batch; GPT: dynamic sequence\n"
+    "  up to its block size), f32 master weights. --external-data: weights in FILE.data beside the\n"
+    "  model (auto: when they pass 1.5 GiB; protobuf's limit is 2 GiB)\n";
+const char* const kLogitsUsage =
+    "usage: trainer logits --checkpoint DIR --out FILE.h5 [--data FILE.h5] [--split test] [--first I]\n"
+    "         [--count N] [--seq-len T]\n"
+    "  the trainer's own inference forward (CPU, f32) of a checkpoint on samples first..first+N-1\n"
+    "  (default 0..15) of a split of its data (default: the file it trained on, the test split):\n"
+    "  /inputs, /labels or /targets, /logits; GPT windows of T tokens (default its block size)\n";
+
+namespace {
+
+// `--flag value` or `--flag=value` into a map, every flag one of `known`.
+std::map<std::string, std::string> parseFlags(const std::string& command,
+                                              const std::vector<std::string>& args,
+                                              const std::vector<std::string>& known, const char* usage) {
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    const size_t eq = flag.find('=');
+    if (eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      throw ConfigError(command + ": " + flag + " needs a value\n" + usage);
+    }
+    bool ok = false;
+    for (const auto& k : known)
+      ok = ok || flag == k;
+    if (!ok) throw ConfigError(command + ": unknown argument '" + flag + "'\n" + usage);
+    out[flag] = value;
+  }
+  return out;
+}
+
+// --out must be a file this process can create beside: its directory exists and takes a new file
+// (tried, since permission bits say nothing to root or of a read-only mount).
+void checkWritableOutput(const std::string& command, const std::string& out) {
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_regular_file(out, ec))
+    throw ConfigError(command + ": --out " + out + " exists and is not a regular file");
+  fs::path dir = fs::path(out).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError(command + ": --out " + out + ": its directory " + dir.string() + " does not exist");
+  const std::string probe = (dir / (".meshtrain-probe-" + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw ConfigError(command + ": --out " + out + ": cannot create a file in " + dir.string() + ": " +
+                      std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+template <typename F>
+void rethrowingInternal(F&& f) {
+  try {
+    f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // (the subcommands' handler takes mt::Error only)
+    throw InternalError(std::string("internal: ") + e.what());
+  }
+}
+
+void exportOnnxFile(const std::string& ckpt, const std::string& out, OnnxSaveOptions::ExternalData external) {
+  ConsolidatedCheckpoint c = consolidateCheckpoint(ckpt);
+  if (c.meta.identity.architecture.empty())
+    throw CheckpointError(
+        "export: checkpoint " + ckpt +
+        " records no architecture (written by an older build): only --format h5 exports it");
+  ParamMap params;
+  for (const CheckpointParam& p : c.meta.params)
+    params[p.name] = c.param(p);
+  OnnxExportOptions options;
+  options.source = ckpt;
+  options.step = c.meta.state.step;
+  OnnxGraph g = buildOnnxModel(c.meta.identity.architecture, params, options, "checkpoint " + ckpt);
+  OnnxSaveOptions save;
+  save.external = external;
+  const double mib = static_cast<double>(g.initializerBytes()) / (1 << 20);
+  g.save(out, save);
+  const bool side = external == OnnxSaveOptions::ExternalData::kAlways ||
+                    (external == OnnxSaveOptions::ExternalData::kAuto &&
+                     g.initializerBytes() > OnnxGraph::kExternalDataThreshold);
+  std::printf("exported %s to %s (ONNX opset %lld, %.1f MiB of f32 weights%s)\n", ckpt.c_str(), out.c_str(),
+              static_cast<long long>(g.opset()), mib, side ? (", in " + out + ".data").c_str() : "");
+}
+
+}  // namespace
+
+int exportCommand(const std::vector<std::string>& args) {
+  auto f = parseFlags("export", args, {"--checkpoint", "--out", "--format", "--external-data"}, kExportUsage);
+  const std::string ckpt = f["--checkpoint"], out = f["--out"];
+  const std::string format = f.count("--format") ? f["--format"] : "h5";
+  if (ckpt.empty() || out.empty())
+    throw ConfigError(std::string("export: --checkpoint and --out are required\n") + kExportUsage);
+  if (format != "h5" && format != "onnx")
+    throw ConfigError("export: --format " + format + ": unknown format (h5 or onnx)");
+  OnnxSaveOptions::ExternalData external = OnnxSaveOptions::ExternalData::kAuto;
+  if (f.count("--external-data")) {
+    const std::string e = f["--external-data"];
+    if (format != "onnx") throw ConfigError("export: --external-data is an option of --format onnx");
+    if (e == "always")
+      external = OnnxSaveOptions::ExternalData::kAlways;
+    else if (e == "never")
+      external = OnnxSaveOptions::ExternalData::kNever;
+    else if (e != "auto")
+      throw ConfigError("export: --external-data " + e + ": expected auto, always or never");
+  }
+  checkWritableOutput("export", out);
+  rethrowingInternal([&] {  // a file already at --out is replaced only by a complete export
+    if (format == "onnx") {
+      exportOnnxFile(ckpt, out, external);
+    } else {
+      exportConsolidated(ckpt, out);
+      std::printf("exported %s to %s\n", ckpt.c_str(), out.c_str());
+    }
+  });
+  return 0;
+}
+
+namespace {
+
+struct LogitsRequest {
+  std::string ckpt, out, data, split = "test";
+  int64_t first = 0, count = 16, seqLen = 0;
+};
+
+// The checkpoint's values into the rebuilt model's parameters (CPU, f32), matched by name and shape.
+void loadValues(Model& model, ConsolidatedCheckpoint& c, const std::string& ckpt) {
+  ParamTable& table = model.params();
+  table.materialize(Device::cpu());
+  if (static_cast<int64_t>(c.meta.params.size()) != static_cast<int64_t>(table.size()))
+    throw CheckpointError("checkpoint " + ckpt + ": " + std::to_string(c.meta.params.size()) +
+                          " parameters, its architecture has " + std::to_string(table.size()));
+  for (const CheckpointParam& p : c.meta.params) {
+    Param* q = table.find(p.name);
+    if (!q || q->shape != p.shape)
+      throw CheckpointError(
+          "checkpoint " + ckpt + ": parameter " + p.name + " " + shapeStr(p.shape) +
+          (q ? " is " + shapeStr(q->shape) + " in its architecture" : " is not in its architecture"));
+    q->value.copyFrom(c.param(p));
+  }
+}
+
+void checkRange(const LogitsRequest& r, int64_t size) {
+  if (r.first >= size || r.count > size - r.first)
+    throw ConfigError("logits: samples " + std::to_string(r.first) + ".." +
+                      std::to_string(r.first + r.count - 1) + " are outside split '" + r.split + "' of " +
+                      r.data + " (" + std::to_string(size) + " samples)");
+}
+
+void writeLogits(const LogitsRequest& r, const ConsolidatedCheckpoint& c, const Tensor& inputs,
+                 const std::string& labelName, const Tensor& labels, const Tensor& logits) {
+  const std::string tmp = r.out + ".tmp-" + std::to_string(::getpid());
+  std::error_code ec;
+  try {
+    H5Writer w(tmp);
+    w.writeStringAttribute("/", "format", "meshtrain-logits");
+    w.writeStringAttribute("/", "checkpoint", r.ckpt);
+    w.writeIntAttribute("/", "step", c.meta.state.step);
+    w.writeStringAttribute("/", "data", r.data);
+    w.writeStringAttribute("/", "split", r.split);
+    w.writeIntAttribute("/", "first", r.first);
+    w.write("/inputs", inputs);
+    w.write("/" + labelName, labels);
+    w.write("/logits", logits);
+    w.close();
+    fs::rename(tmp, r.out, ec);
+    if (ec) throw IoError("cannot rename " + tmp + " to " + r.out + ": " + ec.message());
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
+}
+
+void runLogits(LogitsRequest& r) {
+  ConsolidatedCheckpoint c = consolidateCheckpoint(r.ckpt);
+  RebuiltModel m = rebuildFromArchitecture(c.meta.identity.architecture, "checkpoint " + r.ckpt);
+  loadValues(*m.model, c, r.ckpt);
+  if (r.data.empty()) r.data = c.meta.identity.dataPath;
+  if (r.data.empty())
+    throw ConfigError("logits: checkpoint " + r.ckpt + " does not name its data file: give --data");
+  const H5File file = H5File::open(r.data);
+  Context ctx;
+  ctx.training = false;
+  Tensor inputs, labels, logits;
+  ChunkCache cache;
+  if (m.type == "gpt") {
+    if (r.seqLen == 0) r.seqLen = m.gpt.maxT;
+    if (r.seqLen > m.gpt.maxT)
+      throw ConfigError("logits: --seq-len " + std::to_string(r.seqLen) + " exceeds the model's block size " +
+                        std::to_string(m.gpt.maxT));
+    TokenDataset ds(file, r.split, r.seqLen, 1);
+    ds.limitIds(m.gpt.vocab, "the model's vocabulary");
+    checkRange(r, ds.size());
+    inputs = Tensor::empty({r.count, r.seqLen}, DType::kI32);
+    labels = Tensor::empty({r.count, r.seqLen}, DType::kI64);
+    for (int64_t i = 0; i < r.count; ++i)
+      ds.read(r.first + i, inputs.data<int32_t>() + i * r.seqLen, labels.data<int64_t>() + i * r.seqLen,
+              &cache);
+    logits = static_cast<Gpt&>(*m.model).logits(inputs, ctx);
+  } else {
+    ImageDataset ds(file, r.split, 1);
+    const InputSpec s = ds.spec();
+    if (s.height != m.images.height || s.width != m.images.width || s.channels != m.images.channels)
+      throw DataError("logits: " + r.data + " split '" + r.split + "' holds " + std::to_string(s.height) +
+                      "x" + std::to_string(s.width) + "x" + std::to_string(s.channels) +
+                      " images, the model takes " + std::to_string(m.images.height) + "x" +
+                      std::to_string(m.images.width) + "x" + std::to_string(m.images.channels));
+    checkRange(r, ds.size());
+    inputs = Tensor::empty({r.count, s.height, s.width, s.channels}, DType::kU8);
+    labels = Tensor::empty({r.count}, DType::kI64);
+    for (int64_t i = 0; i < r.count; ++i)
+      ds.read(r.first + i, inputs.data<uint8_t>() + i * static_cast<int64_t>(ds.imageBytes()),
+              labels.data<int64_t>() + i, &cache);
+    logits = static_cast<Sequential&>(*m.model).logits(inputs, ctx);
+  }
+  writeLogits(r, c, inputs, m.type == "gpt" ? "targets" : "labels", labels, logits);
+  std::printf("logits of %s samples %lld..%lld of %s:%s written to %s\n", r.ckpt.c_str(),
+              static_cast<long long>(r.first), static_cast<long long>(r.first + r.count - 1), r.data.c_str(),
+              r.split.c_str(), r.out.c_str());
+}
+
+}  // namespace
+
+int logitsCommand(const std::vector<std::string>& args) {
+  auto f = parseFlags("logits", args,
+                      {"--checkpoint", "--out", "--data", "--split", "--first", "--count", "--seq-len"},
+                      kLogitsUsage);
+  LogitsRequest r;
+  r.ckpt = f["--checkpoint"];
+  r.out = f["--out"];
+  r.data = f["--data"];
+  if (f.count("--split")) r.split = f["--split"];
+  if (f.count("--first")) r.first = integerOption("logits", "--first", f["--first"], 0, int64_t{1} << 40);
+  if (f.count("--count")) r.count = integerOption("logits", "--count", f["--count"], 1, 1 << 20);
+  if (f.count("--seq-len")) r.seqLen = integerOption("logits", "--seq-len", f["--seq-len"], 1, 1 << 20);
+  if (r.ckpt.empty() || r.out.empty())
+    throw ConfigError(std::string("logits: --checkpoint and --out are required\n") + kLogitsUsage);
+  checkWritableOutput("logits", r.out);
+  rethrowingInternal([&] { runLogits(r); });
+  return 0;
+}
+
+}  // namespace mt
