@@ -108,6 +108,7 @@ Settings Settings::fromConfig(const Config& c) {
   s.evalBatches = c.i64("train.eval_batches");
   s.gpt.checkpointing = enumOf(c, "train.activation_checkpointing", activationCheckpointings());
   s.gpt.checkpointEvery = c.i64("train.activation_checkpointing_every");
+  s.gpt.attention = enumOf(c, "model.attention", attentionBackends());
   if (s.gpt.checkpointing != ActivationCheckpointing::kNone && m.type != "gpt")
     c.fail("train.activation_checkpointing", "recomputes transformer blocks: needs model.type = gpt");
   s.peakFlops = c.f64("train.peak_flops");

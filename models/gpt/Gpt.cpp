@@ -125,7 +125,7 @@ Tensor Gpt::blockForward(Block& b, const Tensor& x, Context& ctx, Tensor* qkvOut
   Tensor h1 = b.ln1->forward(x, ctx);
   Tensor qkv = b.qkv->forward(h1, ctx);
   Tensor y = Tensor::empty({B, T, C}, matmulDType(x.device()), x.device());
-  attentionForward(y, qkv, cfg_.heads, ctx.training ? &b.att : nullptr);
+  attentionForward(y, qkv, cfg_.heads, ctx.training ? &b.att : nullptr, cfg_.attention);
   Tensor x1 = b.proj->forwardAdd(y, x, ctx);  // residual added by the GEMM
   Tensor h2 = b.ln2->forward(x1, ctx);
   Tensor pre;  // fc's output before the GELU, for backward
@@ -171,7 +171,7 @@ void Gpt::recompute(Block& b, Context& ctx) {
   Tensor h1 = b.ln1->forward(x, ctx);
   b.qkv->restoreInput(h1, ctx);
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), cfg_.channels}, matmulDType(x.device()), x.device());
-  attentionForward(y, qkv, cfg_.heads, &b.att);
+  attentionForward(y, qkv, cfg_.heads, &b.att, cfg_.attention);
   b.proj->restoreInput(y, ctx);
   Tensor h2 = b.ln2->forward(x1, ctx);
   Tensor g = b.fc->forwardGelu(h2, ctx, &b.pre);
@@ -363,7 +363,10 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
   // rstd), the LayerNorm outputs the qkv and fc GEMMs read, qkv (attention's input), attention's
   // output (the projection's input), fc's pre-activation and the GELU output fcProj reads.
   const int64_t residual = 2 * N * C * 4 + 2 * 2 * N * 4, lnOut = 2 * N * C * a, qkv = 3 * N * C * a;
-  const int64_t att = low ? B * H * ((T + 3) / 4 * 4) * 4 : B * H * T * T * 4;  // lse, or P [B,H,T,T]
+  // Attention keeps one f32 log-sum-exp per row (our flash kernels round T up to 4 per (b, h);
+  // cuDNN's statistics are [B, H, T]; auto may run either: the larger), or f32 P [B,H,T,T].
+  const int64_t lseRow = cfg.attention == AttentionBackend::kCudnn ? T : (T + 3) / 4 * 4;
+  const int64_t att = low ? B * H * lseRow * 4 : B * H * T * T * 4;
   const int64_t attention = N * C * a + att, mlp = 2 * 4 * N * C * a,
                 casts = low && !sharded ? 12 * C * C * a : 0;
   if (L > 0) {
@@ -385,7 +388,8 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
   p.add("final layernorm + classifier gradient",
         N * C * 4 + 2 * N * 4 + N * C * a + (sharded ? cfg.paddedVocab * C * 4 : 0));
   // Backward: the classifier's logits chunk exists in forward only; backward's largest
-  // temporaries are fc's input gradient, dpre and the dqkv / flash workspace of one block, on top
+  // temporaries are fc's input gradient, dpre and the dqkv / attention workspace of one block (an
+  // f32 dq accumulator in both fused kernels' workspaces, N * C * 4), on top
   // of the block being recomputed (all of its activations but what it kept) where one is.
   const int64_t chunk = std::min(cfg.classifierChunk, N);
   const int64_t recomputed = ck ? residual + lnOut + qkv + attention + mlp + casts - kept : 0;

@@ -62,6 +62,7 @@ struct GptConfig {
   int64_t classifierChunk = 8192;  // rows of logits made at once
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   int64_t checkpointEvery = 1;  // blocks 0, k, 2k, ... are checkpointed
+  AttentionBackend attention = AttentionBackend::kAuto;  // the GPU's fused attention kernel (model.attention)
   bool checkpointed(int64_t block) const {
     return checkpointing != ActivationCheckpointing::kNone && block % checkpointEvery == 0;
   }

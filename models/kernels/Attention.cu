@@ -1,7 +1,9 @@
 // Causal self-attention on the GPU (math in models/layers/Attention.h). In bf16/f16 matmul
-// precision with a head dim the flash kernels are built for, qkv is cast once to the matmul dtype
-// and handed to models/kernels/FlashAttention.cu as strided views (no split, nothing T x T).
-// Otherwise (f32, other head dims) the reference path: q, k, v are split out of the fused qkv
+// precision, qkv is cast once to the matmul dtype (read in place when it arrives so) and handed as
+// strided views (no split, nothing T x T) to the fused kernel models/kernels/AttentionChoice.h
+// picks for the shape: our flash kernels (models/kernels/FlashAttention.h) or cuDNN's
+// (models/kernels/CudnnAttention.h, which writes O, dO and dqkv in the operand dtype: those
+// arriving otherwise go through a cast). Otherwise (f32, a head dim neither runs) the reference path: q, k, v are split out of the fused qkv
 // tensor into [B*H, T, d] batches, S = q k^T / sqrt(d) and the outputs are strided batched
 // cuBLASLt GEMMs, and the causal softmax and its backward are row kernels (one block per row);
 // P [B, H, T, T] is kept for the backward. Also the residual add and positional embedding.
@@ -12,6 +14,8 @@
 #include "core/cuda/CudaRuntime.h"
 #include "core/cuda/CudaGemm.h"
 #include "models/kernels/CudaLayers.h"
+#include "models/kernels/AttentionChoice.h"
+#include "models/kernels/CudnnAttention.h"
 #include "models/kernels/FlashAttention.h"
 #include "core/cuda/KernelUtil.cuh"
 
@@ -168,64 +172,84 @@ void referenceBackward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const 
 }
 
 
-// The flash path's views of the fused [B, T, 3, H, d] tensor: which = 0, 1, 2 for q, k, v.
-FlashView qkvView(const Tensor& t, int which, int64_t H, int64_t d) {
-  const int64_t T = t.dim(1), C3 = t.dim(2);
-  FlashView v;
-  v.ptr = static_cast<char*>(t.rawData()) + static_cast<size_t>(which * H * d) * dtypeSize(t.dtype());
-  v.dtype = t.dtype();
-  v.sb = T * C3, v.st = C3, v.sh = d;
-  return v;
-}
-FlashView rowsView(const Tensor& t, int64_t d) {  // [B, T, H*d]
-  FlashView v;
-  v.ptr = t.rawData();
-  v.dtype = t.dtype();
-  v.sb = t.dim(1) * t.dim(2), v.st = t.dim(2), v.sh = d;
-  return v;
-}
-FlashProblem problemOf(const Tensor& qkv, int64_t heads) {
-  FlashProblem p;
-  p.B = qkv.dim(0), p.T = qkv.dim(1), p.H = heads, p.D = qkv.dim(2) / 3 / heads;
-  p.scale = 1.f / std::sqrt(static_cast<float>(p.D));
-  return p;
-}
-// The dtype the flash path runs in, or kF32 when it does not apply.
-DType flashDType(int64_t headDim) {
+// The matmul dtype of the fused paths, or kF32 in f32 precision (the reference path).
+DType lowDType() {
   const MatmulPrecision prec = CudaRuntime::require().matmulPrecision();
   if (prec == MatmulPrecision::kF32) return DType::kF32;
-  const DType low = prec == MatmulPrecision::kBF16 ? DType::kBF16 : DType::kF16;
-  return flashSupported(headDim, low) ? low : DType::kF32;
+  return prec == MatmulPrecision::kBF16 ? DType::kBF16 : DType::kF16;
+}
+
+// t itself when it has dtype `low`, else a fresh tensor of t's shape in `low` (holding t's values
+// when `copy`).
+Tensor inDType(const Tensor& t, DType low, bool copy) {
+  if (t.dtype() == low) return t;
+  Tensor out = Tensor::empty(t.shape(), low, t.device());
+  if (copy) convertInto(out, t);
+  return out;
+}
+
+void cudnnForward(Tensor& y, const Tensor& qkvLow, int64_t heads, AttentionSaved* saved) {
+  CudaRuntime& rt = CudaRuntime::require();
+  const FlashProblem p = problemOf(qkvLow, heads);
+  Tensor yLow = inDType(y, qkvLow.dtype(), false);  // cuDNN writes O in the operand dtype
+  Tensor stats = Tensor::empty({CudnnAttention::statsElements(p)}, DType::kF32, qkvLow.device());
+  const CudnnAttentionViews v = layerViews(qkvLow, yLow, Tensor(), Tensor(), heads);
+  CudnnAttention& c = cudnnAttentionOf(rt);
+  cudnnHandle_t h = rt.cudnn();
+  const size_t wsBytes = c.forwardWorkspaceBytes(h, p, v);
+  Tensor ws = Tensor::empty({static_cast<int64_t>(std::max<size_t>(wsBytes, 1))}, DType::kU8, qkvLow.device());
+  c.forward(h, p, v, stats.data<float>(), ws.rawData(), wsBytes, currentStream());
+  if (!yLow.sharesStorageWith(y)) convertInto(y, yLow);
+  if (saved) {
+    saved->path = AttentionPath::kCudnn;
+    saved->qkvLow = qkvLow;
+    saved->lse = stats;
+    saved->y = yLow;
+  }
+}
+
+void cudnnBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& saved, int64_t heads) {
+  CudaRuntime& rt = CudaRuntime::require();
+  const Tensor& qkvLow = saved.qkvLow;
+  const FlashProblem p = problemOf(qkvLow, heads);
+  const Tensor dyLow = inDType(dy, qkvLow.dtype(), true);
+  Tensor dqkvLow = inDType(dqkv, qkvLow.dtype(), false);
+  const CudnnAttentionViews v = layerViews(qkvLow, saved.y, dyLow, dqkvLow, heads);
+  CudnnAttention& c = cudnnAttentionOf(rt);
+  cudnnHandle_t h = rt.cudnn();
+  const size_t wsBytes = c.backwardWorkspaceBytes(h, p, v, kCudnnDeterministicBackward);
+  Tensor ws = Tensor::empty({static_cast<int64_t>(wsBytes)}, DType::kU8, qkvLow.device());
+  c.backward(h, p, v, saved.lse.data<float>(), kCudnnDeterministicBackward, ws.rawData(), wsBytes, currentStream());
+  if (!dqkvLow.sharesStorageWith(dqkv)) convertInto(dqkv, dqkvLow);
 }
 
 }  // namespace
 
-void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved) {
+void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved, AttentionBackend backend) {
   if (saved) saved->clear();
   const int64_t d = qkv.dim(2) / 3 / heads;
-  const DType low = flashDType(d);
-  if (low == DType::kF32) {
+  const DType low = lowDType();
+  // The input in the matmul dtype: read in place when the qkv GEMM already wrote it.
+  const Tensor qkvLow = low == DType::kF32 ? Tensor() : inDType(qkv, low, true);
+  const AttentionPath path = low == DType::kF32 ? AttentionPath::kReference : chooseAttentionPath(backend, qkvLow, heads);
+  if (path == AttentionPath::kReference) {
     // Reference path (f32 throughout): activations that arrive in reduced precision are widened.
-    Tensor q32 = qkv, y32 = y;
-    if (qkv.dtype() != DType::kF32) {
-      q32 = Tensor::empty(qkv.shape(), DType::kF32, qkv.device());
-      convertInto(q32, qkv);
-    }
-    if (y.dtype() != DType::kF32) y32 = Tensor::empty(y.shape(), DType::kF32, y.device());
+    const Tensor q32 = inDType(qkv, DType::kF32, true);
+    Tensor y32 = inDType(y, DType::kF32, false);
     referenceForward(y32, q32, heads, saved);
     if (!y32.sharesStorageWith(y)) convertInto(y, y32);
     return;
   }
-  const FlashProblem p = problemOf(qkv, heads);
-  Tensor qkvLow = qkv;  // read in place when the qkv GEMM already wrote the matmul dtype
-  if (qkv.dtype() != low) {
-    qkvLow = Tensor::empty(qkv.shape(), low, qkv.device());
-    convertInto(qkvLow, qkv);
+  if (path == AttentionPath::kCudnn) {
+    cudnnForward(y, qkvLow, heads, saved);
+    return;
   }
+  const FlashProblem p = problemOf(qkv, heads);
   Tensor lse = Tensor::empty({flashLseElements(p)}, DType::kF32, qkv.device());
   flashAttentionForward(p, qkvView(qkvLow, 0, p.H, d), qkvView(qkvLow, 1, p.H, d), qkvView(qkvLow, 2, p.H, d),
                         rowsView(y, d), lse.data<float>(), currentStream());
   if (saved) {
+    saved->path = AttentionPath::kFlash;
     saved->qkvLow = qkvLow;
     saved->lse = lse;
     saved->y = y;
@@ -233,16 +257,16 @@ void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSave
 }
 
 void attentionBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& saved, int64_t heads) {
-  if (!saved.flash()) {
+  if (saved.path == AttentionPath::kReference) {
     MT_CHECK(saved.probs.defined(), "attention backward without a training forward");
-    Tensor d32 = dqkv, dy32 = dy;
-    if (dqkv.dtype() != DType::kF32) d32 = Tensor::empty(dqkv.shape(), DType::kF32, dqkv.device());
-    if (dy.dtype() != DType::kF32) {
-      dy32 = Tensor::empty(dy.shape(), DType::kF32, dy.device());
-      convertInto(dy32, dy);
-    }
+    Tensor d32 = inDType(dqkv, DType::kF32, false);
+    const Tensor dy32 = inDType(dy, DType::kF32, true);
     referenceBackward(d32, dy32, saved.qkv, saved.probs, heads);
     if (!d32.sharesStorageWith(dqkv)) convertInto(dqkv, d32);
+    return;
+  }
+  if (saved.path == AttentionPath::kCudnn) {
+    cudnnBackward(dqkv, dy, saved, heads);
     return;
   }
   const Tensor& qkvLow = saved.qkvLow;

@@ -34,7 +34,8 @@ void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, con
                        const Tensor& mean, const Tensor& rstd, const Tensor* residual, Tensor* dxLow);
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
                               int64_t validForMean, int64_t validClasses, LossSink* sink);
-void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved);
+void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved,
+                      AttentionBackend backend);
 void attentionBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& saved, int64_t heads);
 void addInPlace(Tensor& y, const Tensor& x);
 void addPositional(Tensor& x, const Tensor& wpe);

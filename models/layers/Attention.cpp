@@ -24,6 +24,16 @@ void scatterHead(float* qkv, const float* src, int64_t b, int64_t h, int which, 
 }
 }  // namespace
 
+const EnumTable<AttentionBackend>& attentionBackends() {
+  static const EnumTable<AttentionBackend> kTable = {
+      {AttentionBackend::kAuto, "auto",
+       "per shape, the faster of flash and cudnn, measured once at its first use (flash where cuDNN cannot run it)"},
+      {AttentionBackend::kFlash, "flash", "our FlashAttention-2 kernels (models/kernels/FlashAttention.h)"},
+      {AttentionBackend::kCudnn, "cudnn", "cuDNN's fused attention (cuDNN 9 graph API); a shape it cannot run is an error"},
+  };
+  return kTable;
+}
+
 int64_t AttentionSaved::bytes() const {
   int64_t b = 0;
   for (const Tensor* t : {&qkv, &probs, &qkvLow, &lse})
@@ -31,8 +41,9 @@ int64_t AttentionSaved::bytes() const {
   return b;
 }
 
-void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved) {
-  MT_DISPATCH_CUDA(qkv, attentionForward(y, qkv, heads, saved));
+void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved, AttentionBackend backend) {
+  MT_DISPATCH_CUDA(qkv, attentionForward(y, qkv, heads, saved, backend));
+  (void)backend;  // the CPU has one implementation
   const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = heads, d = C / H;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   const float* in = qkv.data<float>();

@@ -1,11 +1,14 @@
-"""Attention kernel lab: meshtrain's flash kernels (models/kernels/FlashAttention.cu, through the C
-ABI in libmt_attention_capi.so) against a float64 reference and PyTorch's
+"""Attention kernel lab: meshtrain's flash kernels (models/kernels/FlashAttention.cu) and cuDNN's
+fused attention through meshtrain's graphs (models/kernels/CudnnAttention.cpp), both through the C
+ABI in libmt_attention_capi.so, against a float64 reference and PyTorch's
 scaled_dot_product_attention(is_causal=True), on the same GPU buffers in one process.
 
 check(): fresh random inputs every call (the seed is printed), outputs poisoned with NaN first so
 an unwritten element fails; relative error ||ours - ref|| / ||ref|| of O, dQ, dK, dV.
 bench(): forward, backward and forward+backward, median of CUDA-event timings after warm-up, over
-several rotating input sets (larger than L2), ours (every tile variant) vs SDPA.
+several rotating input sets (larger than L2): ours (every tile variant), cuDNN through us (atomic
+and deterministic dQ), PyTorch SDPA's default and each backend it can be forced to.
+check_cudnn(): the cuDNN backend over the same cases as check().
 Used by scripts/bench/attention_bench (CLI) and tests/models/test_flash_attention.py."""
 
 import ctypes
@@ -94,6 +97,78 @@ class Flash:
         stream = torch.cuda.current_stream().cuda_stream
         self._check(self.lib.mt_flash_backward(B, T, H, D, 1.0 / math.sqrt(D), ptrs, dts, st, lse.data_ptr(),
                                                ws.data_ptr(), ws.numel(), variant, stream))
+
+
+class Cudnn:
+    """cuDNN's fused attention through meshtrain's graphs (one handle and plan cache, freed with the object)."""
+
+    def __init__(self, flash):
+        self.lib = flash.lib
+        L = self.lib
+        i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+        pv, pi, p64 = ctypes.POINTER(vp), ctypes.POINTER(ci), ctypes.POINTER(i64)
+        L.mt_cudnn_version.restype = i64
+        L.mt_cudnn_create.restype = vp
+        L.mt_cudnn_destroy.argtypes = [vp]
+        L.mt_cudnn_unsupported.restype = ctypes.c_char_p
+        L.mt_cudnn_unsupported.argtypes = [vp, i64, i64, i64, i64, pv, pi, p64, ci]
+        L.mt_cudnn_engines.restype = ctypes.c_char_p
+        L.mt_cudnn_engines.argtypes = [vp, i64, i64, i64, i64, pv, pi, p64, ci]
+        L.mt_cudnn_workspace_bytes.restype = i64
+        L.mt_cudnn_workspace_bytes.argtypes = [vp, i64, i64, i64, i64, pv, pi, p64, ci, ci]
+        L.mt_cudnn_forward.argtypes = [vp, i64, i64, i64, i64, ctypes.c_float, pv, pi, p64, vp, vp, i64, vp]
+        L.mt_cudnn_backward.argtypes = [vp, i64, i64, i64, i64, ctypes.c_float, pv, pi, p64, vp, ci, vp, i64, vp]
+        self.ctx = L.mt_cudnn_create()
+        if not self.ctx:
+            raise RuntimeError("mt_cudnn_create: " + L.mt_flash_last_error().decode())
+        self.version = L.mt_cudnn_version()
+
+    def __del__(self):
+        if getattr(self, "ctx", None):
+            self.lib.mt_cudnn_destroy(self.ctx)
+            self.ctx = None
+
+    def _check(self, rc):
+        if rc != 0:
+            raise RuntimeError(self.lib.mt_flash_last_error().decode())
+
+    @staticmethod
+    def stats(q):
+        B, T, H, D = q.shape
+        return torch.empty(B * H * T, device=q.device, dtype=torch.float32)
+
+    def unsupported(self, views, det=False):
+        """'' when cuDNN runs q, k, v, o, dO, dq, dk, dv (builds the plans), else the reason."""
+        B, T, H, D = views[0].shape
+        ptrs, dts, st = Flash._views(views)
+        return self.lib.mt_cudnn_unsupported(self.ctx, B, T, H, D, ptrs, dts, st, int(det)).decode()
+
+    def engines(self, views, det=False):
+        B, T, H, D = views[0].shape
+        ptrs, dts, st = Flash._views(views)
+        return self.lib.mt_cudnn_engines(self.ctx, B, T, H, D, ptrs, dts, st, int(det)).decode()
+
+    def workspace(self, views, backward, det=False):
+        B, T, H, D = views[0].shape
+        ptrs, dts, st = Flash._views(views)
+        n = self.lib.mt_cudnn_workspace_bytes(self.ctx, B, T, H, D, ptrs, dts, st, int(backward), int(det))
+        if n < 0:
+            self._check(-1)
+        return torch.empty(max(n, 1), device=views[0].device, dtype=torch.uint8)
+
+    def forward(self, q, k, v, o, stats, ws):
+        B, T, H, D = q.shape
+        ptrs, dts, st = Flash._views([q, k, v, o])
+        self._check(self.lib.mt_cudnn_forward(self.ctx, B, T, H, D, 1.0 / math.sqrt(D), ptrs, dts, st,
+                                              stats.data_ptr(), ws.data_ptr(), ws.numel(),
+                                              torch.cuda.current_stream().cuda_stream))
+
+    def backward(self, q, k, v, o, dO, stats, dq, dk, dv, ws, det=False):
+        B, T, H, D = q.shape
+        ptrs, dts, st = Flash._views([q, k, v, o, dO, dq, dk, dv])
+        self._check(self.lib.mt_cudnn_backward(self.ctx, B, T, H, D, 1.0 / math.sqrt(D), ptrs, dts, st,
+                                               stats.data_ptr(), int(det), ws.data_ptr(), ws.numel(),
+                                               torch.cuda.current_stream().cuda_stream))
 
 
 def sdpa(q, k, v):
@@ -206,6 +281,47 @@ def check(fl, seed=None, all_variants=True, tol=1e-2, log=print):
     return failures
 
 
+def check_cudnn(cd, seed=None, tol=1e-2, log=print):
+    """The cuDNN backend over CHECK_CASES' shapes (all operands in the input dtype: cuDNN writes O and
+    the gradients in it), atomic and deterministic dQ, outputs poisoned; returns failures."""
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    log("cudnn attention check (cuDNN %d): seed %d, tolerance %.0e" % (cd.version, seed, tol))
+    failures = []
+    for n, (B, T, H, D, dt, _, fused) in enumerate(CHECK_CASES):
+        for det in (False, True):
+            gen = torch.Generator(device="cuda").manual_seed(seed + n)
+            q, k, v, dO32 = make_inputs(B, T, H, D, dt, fused, gen)
+            dO = dO32.to(dt)
+            o = torch.full((B, T, H, D), float("nan"), device="cuda", dtype=dt)
+            if fused:
+                dqkv = torch.full((B, T, 3, H, D), float("nan"), device="cuda", dtype=dt)
+                dq, dk, dv = dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2]
+            else:
+                dq, dk, dv = (torch.full((B, T, H, D), float("nan"), device="cuda", dtype=dt) for _ in range(3))
+            views = [q, k, v, o, dO, dq, dk, dv]
+            why = cd.unsupported(views, det)
+            if why:
+                log("FAIL B=%d T=%-5d H=%d D=%-3d %-8s det=%d: cuDNN cannot run it: %s" % (B, T, H, D, str(dt)[6:], det, why))
+                failures.append((B, T, H, D, str(dt), det, why))
+                continue
+            stats = cd.stats(q).fill_(float("nan"))
+            cd.forward(q, k, v, o, stats, cd.workspace(views, False))
+            ws = cd.workspace(views, True, det)
+            cd.backward(q, k, v, o, dO, stats, dq, dk, dv, ws, det)
+            torch.cuda.synchronize()
+            ro, rdq, rdk, rdv = reference(q, k, v, dO.float())
+            fl_ = 1e-4 * dO32.norm().item()
+            e = {"o": rel(o, ro), "dq": rel(dq, rdq, fl_), "dk": rel(dk, rdk, fl_), "dv": rel(dv, rdv, fl_)}
+            worst = max(e.values())
+            ok = worst < tol
+            log("%s B=%d T=%-5d H=%d D=%-3d %-8s %-6s det=%d o %.1e dq %.1e dk %.1e dv %.1e (%s)"
+                % ("ok  " if ok else "FAIL", B, T, H, D, str(dt)[6:], "fused" if fused else "split", det, e["o"],
+                   e["dq"], e["dk"], e["dv"], cd.engines(views, det)))
+            if not ok:
+                failures.append((B, T, H, D, str(dt), det, e))
+    return failures
+
+
 def _median_ms(fn, reps, warmup=3):
     for _ in range(warmup):
         fn(0)
@@ -220,8 +336,43 @@ def _median_ms(fn, reps, warmup=3):
     return statistics.median(times), min(times), max(times)
 
 
-def bench(fl, B, T, H, D, dtype=torch.bfloat16, reps=30, sets=3, log=print):
-    """Times ours (each variant pair) and SDPA; returns a dict of results."""
+def bench_cudnn(cd, inputs, outs, fwd_flop, bwd_flop, reps, sets):
+    """cuDNN through meshtrain on bench()'s buffers: forward, backward, forward+backward (atomic dQ)
+    and forward+backward with the deterministic backward."""
+    q0, _, _, dO0 = inputs[0]
+    o0, dq0, dk0, dv0, _ = outs[0]
+    views0 = [q0, inputs[0][1], inputs[0][2], o0, dO0, dq0, dk0, dv0]
+    why = cd.unsupported(views0, False) or cd.unsupported(views0, True)
+    if why:
+        return {"error": why}
+    stats = [cd.stats(inp[0]) for inp in inputs]
+    fws = cd.workspace(views0, False)
+    bws = {det: cd.workspace(views0, True, det) for det in (False, True)}
+
+    def fwd(i):
+        q, k, v, _ = inputs[i % sets]
+        o = outs[i % sets][0]
+        cd.forward(q, k, v, o, stats[i % sets], fws)
+
+    def bwd(i, det=False):
+        q, k, v, dO = inputs[i % sets]
+        o, dq, dk, dv, _ = outs[i % sets]
+        cd.backward(q, k, v, o, dO, stats[i % sets], dq, dk, dv, bws[det], det)
+
+    for i in range(sets):
+        fwd(i)
+    f = _median_ms(fwd, reps)[0]
+    b = _median_ms(bwd, reps)[0]
+    fb = _median_ms(lambda i: (fwd(i), bwd(i)), reps)[0]
+    fbd = _median_ms(lambda i: (fwd(i), bwd(i, True)), reps)[0]
+    return {"fwd_ms": f, "bwd_ms": b, "fwdbwd_ms": fb, "fwdbwd_det_ms": fbd, "fwd_tflops": fwd_flop / f / 1e9,
+            "bwd_tflops": bwd_flop / b / 1e9, "fwdbwd_tflops": (fwd_flop + bwd_flop) / fb / 1e9,
+            "fwdbwd_det_tflops": (fwd_flop + bwd_flop) / fbd / 1e9, "engines": cd.engines(views0, False),
+            "engines_det": cd.engines(views0, True), "cudnn_version": cd.version}
+
+
+def bench(fl, B, T, H, D, dtype=torch.bfloat16, reps=30, sets=3, log=print, cudnn=None):
+    """Times ours (each variant pair), cuDNN through us (when given a Cudnn) and SDPA; returns a dict."""
     gen = torch.Generator(device="cuda").manual_seed(1234)
     inputs = [make_inputs(B, T, H, D, dtype, False, gen) for _ in range(sets)]
     inputs = [(q, k, v, dO.to(dtype)) for q, k, v, dO in inputs]
@@ -281,6 +432,27 @@ def bench(fl, B, T, H, D, dtype=torch.bfloat16, reps=30, sets=3, log=print):
     tfb = _median_ms(t_both, reps)[0]
     res["sdpa"] = {"fwd_ms": tf, "fwdbwd_ms": tfb, "fwd_tflops": fwd_flop / tf / 1e9,
                    "fwdbwd_tflops": (fwd_flop + bwd_flop) / tfb / 1e9}
+    # PyTorch SDPA forced to each backend it has (where this torch and GPU run it).
+    res["sdpa_forced"] = {}
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION"):
+            if not hasattr(SDPBackend, name):
+                continue
+            try:
+                with sdpa_kernel(getattr(SDPBackend, name)):
+                    t = _median_ms(t_both, reps)[0]
+                res["sdpa_forced"][name.lower()] = {"fwdbwd_ms": t, "fwdbwd_tflops": (fwd_flop + bwd_flop) / t / 1e9}
+            except RuntimeError as e:
+                res["sdpa_forced"][name.lower()] = {"error": str(e).splitlines()[0][:120]}
+    except ImportError as e:
+        res["sdpa_forced"]["unavailable"] = {"error": str(e)}
+    # cuDNN through meshtrain (the views of the same inputs), atomic and deterministic dQ.
+    if cudnn is not None:
+        res["cudnn"] = bench_cudnn(cudnn, inputs, outs, fwd_flop, bwd_flop, reps, sets)
+        best = min(res["ours_default_fwdbwd_ms"], res["cudnn"].get("fwdbwd_ms", float("inf")))
+        res["meshtrain_best_fwdbwd_ms"] = best
+        res["speed_ratio_best_fwdbwd"] = tfb / best
     res["speed_ratio_fwdbwd"] = tfb / tb
     res["speed_ratio_fwd"] = tf / best_f["fwd_ms"]
     res["speed_ratio_default_fwdbwd"] = tfb / d0

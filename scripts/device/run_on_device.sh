@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the device machine over the carried dist/ (see build_for_device.sh):
-#   bash scripts/device/run_on_device.sh probe|gpu-tests|nccl-ranks|nccl-sanitizer|sharding-scale|largest|bench [args]
+#   bash scripts/device/run_on_device.sh probe|gpu-tests|attention|nccl-ranks|nccl-sanitizer|sharding-scale|largest|bench [args]
 # Results go to $OUT (when set) as logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,7 +42,7 @@ case "$what" in
   gpu-tests)
     # Most telling first: device time is short, and what ran before a limit still comes back.
     status=0
-    for t in test_gpu_parity test_cuda_core test_nccl test_gpu_compression test_gpu_feed; do
+    for t in test_gpu_parity test_cudnn_attention test_cuda_core test_nccl test_gpu_compression test_gpu_feed; do
       echo "=== $t"
       dist/bin/$t 2>&1 | tee "$out/$t.log" | grep -E "OK|FAILED|PASSED|worst|GPU tests on" || true
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
@@ -59,6 +59,23 @@ case "$what" in
       $g.test_gpu_local_matches_cpu $g.test_f16_loss_scaling_trains $g.test_data_feeds_match_cpu \
       $g.test_gpu_compression_trains $g.test_offload_pipeline_matches_cpu $g.test_delayed_update_trains \
       $g.test_divergence_stops_with_exit_4 2>&1 | tee "$out/gpu_training.log" | tail -25
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    exit $status
+    ;;
+  attention)
+    # Attention backends (issue 33): cuDNN's fused attention through our graphs against float64 and
+    # our flash kernels (C++ test, every line says which backend ran, its errors and times), then
+    # attention_bench: ours, cuDNN through us and PyTorch SDPA (default and forced) at head dims 64
+    # and 128, T = 512..4096, after checking the cuDNN backend over the lab's cases. Arguments go
+    # to attention_bench (e.g. --shapes 64x1024x12x64 --reps 10).
+    status=0
+    echo "=== test_cudnn_attention"
+    dist/bin/test_cudnn_attention 2>&1 | tee "$out/test_cudnn_attention.log" |
+      grep -E "OK \]|FAILED|PASSED|cudnn|flash|layer|gpt|model.attention|GPU tests on|Failure|Expected|Which" || true
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    echo "=== attention_bench"
+    PYTHONUNBUFFERED=1 python3 scripts/bench/attention_bench --check-cudnn --reps "${REPS:-20}" \
+      --json "$out/attention_bench.json" "$@" 2>&1 | tee "$out/attention_bench.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     exit $status
     ;;

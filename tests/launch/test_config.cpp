@@ -17,6 +17,7 @@
 #include "data/H5File.h"
 #include "launch/Config.h"
 #include "launch/Settings.h"
+#include "models/layers/Attention.h"
 #include "models/layers/Layout.h"
 #include "sharding/ShardedEngine.h"
 #include "topo/Topology.h"
@@ -115,6 +116,7 @@ TEST(ConfigTable, EnumKeysListTheirEnumsNames) {
   expectSameNames("data.file_locking", fileLockings());
   expectSameNames("run.log_level", logLevels());
   expectSameNames("model.layout", layouts());
+  expectSameNames("model.attention", attentionBackends());
   for (const char* key : {"sharding.param_dtype", "sharding.reduce_dtype", "train.precision"})
     for (const auto& name : entry(key).choiceNames()) {
       if (name == "auto") continue;  // sharding.param_dtype: resolved by Settings
@@ -142,6 +144,7 @@ TEST(EnumTables, ConvertBothWays) {
   expectRoundTrip(fileLockings());
   expectRoundTrip(logLevels());
   expectRoundTrip(layouts());
+  expectRoundTrip(attentionBackends());
   expectRoundTrip(dtypes());
   expectRoundTrip(fabrics());
   Fabric f;
@@ -178,6 +181,18 @@ TEST(Settings, RunNameStaysInsideRunDir) {
   }
   for (const std::string name : {"..x", ".hidden", "a.b", "run-1"})
     EXPECT_EQ(settingsErrorOf({"--run.name=" + name}), "") << name;
+}
+
+// model.attention reaches the GPT's config (auto by default); a name it does not know is refused.
+TEST(Settings, AttentionBackendReachesTheGptConfig) {
+  EXPECT_EQ(Settings::fromConfig(Config::fromArgs({"--model.type=gpt"})).gpt.attention, AttentionBackend::kAuto);
+  EXPECT_EQ(Settings::fromConfig(Config::fromArgs({"--model.type=gpt", "--model.attention=cudnn"})).gpt.attention,
+            AttentionBackend::kCudnn);
+  EXPECT_EQ(Settings::fromConfig(Config::fromArgs({"--model.type=gpt", "--model.attention=flash"})).gpt.attention,
+            AttentionBackend::kFlash);
+  const std::string e = settingsErrorOf({"--model.type=gpt", "--model.attention=sdpa"});
+  EXPECT_NE(e.find("model.attention"), std::string::npos) << e;
+  EXPECT_NE(e.find("auto, flash, cudnn"), std::string::npos) << e;
 }
 
 // MT_LOG_LEVEL=verbose was ignored without a word (the run logged at info).

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Flash attention kernels (models/kernels/FlashAttention.cu) against float64 attention and PyTorch
-SDPA on the GPU: every tile variant, bf16 and f16, head dims 32/64/128, T = 1, 17, 1000, 1024, 2048,
-split and fused-qkv layouts, outputs poisoned with NaN; relative L2 error < 1e-2 for O, dQ, dK, dV.
+"""Flash attention kernels (models/kernels/FlashAttention.cu) and cuDNN's fused attention through our
+graphs (models/kernels/CudnnAttention.cpp) against float64 attention and PyTorch SDPA on the GPU:
+every tile variant, bf16 and f16, head dims 32/64/128, T = 1, 17, 1000, 1024, 2048, split and
+fused-qkv layouts, outputs poisoned with NaN; relative L2 error < 1e-2 for O, dQ, dK, dV.
 Fresh random inputs each run (seed printed). Needs PyTorch with CUDA and libmt_attention_capi.so
 (a CUDA build); skipped otherwise."""
 
@@ -28,6 +29,19 @@ class FlashAttention(unittest.TestCase):
             self.skipTest(str(e))
         failures = lab.check(fl, all_variants=True)
         self.assertEqual(failures, [], "flash attention cases above the tolerance")
+
+    def test_cudnn_backend_matches_float64(self):
+        """cuDNN's fused attention through our graphs (model.attention = cudnn), the same cases,
+        atomic and deterministic dQ."""
+        import attention_lab as lab
+        try:
+            fl = lab.Flash(os.environ.get("MT_ATTENTION_CAPI"))
+        except FileNotFoundError as e:
+            self.skipTest(str(e))
+        if torch.cuda.get_device_capability()[0] < 8:
+            self.skipTest("cuDNN's fused attention needs compute capability 8.0+")
+        failures = lab.check_cudnn(lab.Cudnn(fl))
+        self.assertEqual(failures, [], "cuDNN attention cases above the tolerance or not run")
 
     def test_bad_views_are_refused(self):
         import attention_lab as lab

@@ -480,8 +480,10 @@ TEST(GpuParity, TrainCnnBF16) { trainCase("cnn", Layout::kNHWC, MatmulPrecision:
 
 // GPT-2 on the GPU against PyTorch (tests/models/torch_reference.py, f32 on the CPU): the first 10
 // training losses from the same weights, f32 < 1e-4 and bf16 < 2e-2.
-// group "gpt": head dim 8 (the reference attention path); "gpt_d64": head dim 64 (flash in bf16).
-void gptCase(MatmulPrecision p, double tol, const std::string& group = "gpt") {
+// group "gpt": head dim 8 (the reference attention path; under auto cuDNN where it runs head dim 8);
+// "gpt_d64": head dim 64 (in bf16 the fused kernel `attention` names).
+void gptCase(MatmulPrecision p, double tol, const std::string& group = "gpt",
+             AttentionBackend attention = AttentionBackend::kAuto) {
   const char* ref = std::getenv("PARITY_REF");
   if (!ref) GTEST_SKIP() << "PARITY_REF not set";
   PrecisionScope scope(p);
@@ -491,6 +493,7 @@ void gptCase(MatmulPrecision p, double tol, const std::string& group = "gpt") {
   GptConfig c;
   c.vocab = cv[0], c.paddedVocab = cv[1], c.maxT = cv[2], c.layers = cv[3], c.heads = cv[4], c.channels = cv[5];
   c.classifierChunk = 24;
+  c.attention = attention;
   Gpt model(c);
   ParamTable& params = model.params();
   params.materialize(kGpu);
@@ -520,14 +523,19 @@ void gptCase(MatmulPrecision p, double tol, const std::string& group = "gpt") {
     opt->step(1e-3f);
     worst = std::max(worst, std::fabs(l - losses.data<double>()[s]) / losses.data<double>()[s]);
   }
-  std::printf("%s precision %d: worst loss relative difference to PyTorch over 10 steps %.2e\n", group.c_str(),
-              static_cast<int>(p), worst);
+  std::printf("%s precision %d, model.attention=%s: worst loss relative difference to PyTorch over 10 steps %.2e\n",
+              group.c_str(), static_cast<int>(p), enumName(attentionBackends(), attention), worst);
   EXPECT_LT(worst, tol);
 }
 TEST(GpuParity, GptF32MatchesPyTorch) { gptCase(MatmulPrecision::kF32, kF32); }
 TEST(GpuParity, GptBF16MatchesPyTorch) { gptCase(MatmulPrecision::kBF16, kBF16); }
 TEST(GpuParity, GptD64F32MatchesPyTorch) { gptCase(MatmulPrecision::kF32, kF32, "gpt_d64"); }
-TEST(GpuParity, GptD64BF16FlashMatchesPyTorch) { gptCase(MatmulPrecision::kBF16, kBF16, "gpt_d64"); }
+TEST(GpuParity, GptD64BF16FlashMatchesPyTorch) {
+  gptCase(MatmulPrecision::kBF16, kBF16, "gpt_d64", AttentionBackend::kFlash);
+}
+TEST(GpuParity, GptD64BF16CudnnMatchesPyTorch) {
+  gptCase(MatmulPrecision::kBF16, kBF16, "gpt_d64", AttentionBackend::kCudnn);
+}
 
 // Flash attention (bf16 operands) against the CPU reference (f32) on fresh random inputs each run,
 // GPU outputs poisoned with NaN first: relative L2 error of y and of each of dq, dk, dv < 1e-2.
@@ -566,7 +574,7 @@ TEST(GpuParity, FlashAttentionMatchesCpu) {
       poisonG.fill_(NAN);
       Tensor gy = gpu(poisonY), gdqkv = gpu(poisonG);
       AttentionSaved gs;
-      attentionForward(gy, gpu(qkv), H, &gs);
+      attentionForward(gy, gpu(qkv), H, &gs, AttentionBackend::kFlash);
       ASSERT_TRUE(gs.flash()) << "bf16 attention with head dim " << D << " did not take the flash path";
       EXPECT_FALSE(gs.probs.defined());
       attentionBackward(gdqkv, gpu(dy), gs, H);
