@@ -223,7 +223,10 @@ int planCommand(const std::vector<std::string>& args) {
     units = gptUnitSizes(g);
     checkActivationScale(Gpt::planActivations(g, 1, g.maxT, pc, sharded), micro, cfg);
     act = Gpt::planActivations(g, micro, g.maxT, pc, sharded);
-    if (g.checkpointedBlocks() > 0) transients = "backward transients (largest layer + the block recomputed)";
+    if (g.checkpointedBlocks() > 0)
+      transients = g.checkpointing == ActivationCheckpointing::kPointwise
+                       ? "backward transients (largest layer + the GELU output recomputed)"
+                       : "backward transients (largest layer + the block recomputed)";
     modelName = "gpt (" + std::to_string(g.layers) + " x " + std::to_string(C) + ", vocabulary " +
                 std::to_string(g.vocab) + ")";
   } else {

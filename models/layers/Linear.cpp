@@ -132,7 +132,7 @@ void Linear::restoreInput(const Tensor& x, Context& ctx) {
   MT_CHECK(ctx.training && x.dim(-1) == in_, "linear: restoring input ", x.str(), " outside training or for ",
            in_, " inputs");
   x_ = castTo(x, matmulDType(x.device()));
-  weightOperand(ctx);
+  if (!wo_.defined()) weightOperand(ctx);
 }
 
 Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&, Tensor* preColSum) {
