@@ -142,6 +142,11 @@ const std::vector<ConfigKey>& configSchema() {
              {{"f32", ""},
               {"bf16", "bf16 matmuls, f32 master weights"},
               {"f16", "plus dynamic loss scaling"}}),
+      real("train.loss_scale_init", "65536", within(1, 1e15, false, false),
+           "f16: the loss scaler's first scale (torch GradScaler's init_scale); halved at every step with "
+           "inf/nan gradients, which is skipped"),
+      integer("train.loss_scale_growth_interval", "2000", atLeast(1),
+              "f16: clean steps in a row after which the loss scale doubles (GradScaler's growth_interval)"),
       integer("train.memory_cap_mb", "0", kNonNegative,
               "cuda: cap on GPU memory the caching allocator may reserve (0: none)"),
       real("train.grad_clip", "0", kNonNegative, "clip the global gradient norm to this (0: off)"),

@@ -230,6 +230,13 @@ std::vector<MetricFamily> RunMetrics::families() const {
     if (f.mfu >= 0)
       fs.gauge("meshtrain_mfu_ratio", "model FLOP utilisation over the last log interval (train.peak_flops)",
                f.mfu);
+    if (f.lossScale >= 0) {
+      fs.gauge("meshtrain_loss_scale", "f16 loss scale after the last logged step", f.lossScale);
+      fs.counter(
+          "meshtrain_skipped_steps_total",
+          "optimizer steps the f16 loss scaler skipped for inf/nan gradients (the run's, across resumes)",
+          static_cast<double>(f.skippedSteps));
+    }
     fs.gauge("meshtrain_step_seconds", "wall time of a step, mean over the last log interval", f.stepSeconds);
     fs.perRank("meshtrain_data_wait_ratio", "share of the last log interval the rank waited for batches",
                f.ranks, &RankFigures::dataWaitRatio);

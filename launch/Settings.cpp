@@ -102,6 +102,8 @@ Settings Settings::fromConfig(const Config& c) {
   s.device = c.str("train.device");
   s.precision = c.str("train.precision");
   if (s.precision != "f32" && s.device != "cuda") c.fail("train.precision", "bf16 and f16 need train.device = cuda");
+  s.lossScaleInit = c.f64("train.loss_scale_init");
+  s.lossScaleGrowthInterval = c.i64("train.loss_scale_growth_interval");
   s.memoryCapMb = c.i64("train.memory_cap_mb");
   s.gradClip = static_cast<float>(c.f64("train.grad_clip"));
   s.divergenceSteps = c.i64("train.divergence_steps");
