@@ -118,6 +118,18 @@ TEST(MetricsServer, BoundsOversizedAndSilentClients) {
   EXPECT_EQ(statusOf(get(server.port(), "/metrics")), 200);
 }
 
+TEST(MetricsServer, DropsASilentClientAfterTheIdleTimeout) {
+  MetricsServer server("127.0.0.1", 0, [] { return std::string("x 1\n"); });
+  const int silent = connectTo(server.port());
+  ASSERT_GE(silent, 0);
+  Stopwatch t;
+  char c;
+  EXPECT_EQ(::recv(silent, &c, 1, 0), 0);  // closed by the server (the socket's own timeout is 10 s)
+  EXPECT_GT(t.elapsed(), 4.0);
+  EXPECT_LT(t.elapsed(), 8.0);  // the 5 s idle timeout and a margin
+  ::close(silent);
+}
+
 TEST(MetricsServer, ServesALargePageWhole) {
   // Far past the per-connection memory the headers get: the body is a buffer of its own.
   std::string page;
