@@ -82,8 +82,8 @@ MetricsExportOptions metricsExportOptions(const Config& cfg) {
   const bool v6 = !v4 && inet_pton(AF_INET6, o.bind.c_str(), addr) == 1;
   if (v6 && !MetricsServer::supportsIpv6())
     cfg.fail("run.metrics_bind", "'" + o.bind +
-                                     "' is an IPv6 address, and this build's civetweb serves IPv4 only "
-                                     "(Debian 12's is built without IPv6): use 0.0.0.0 or 127.0.0.1");
+                                     "' is an IPv6 address, and this build's libmicrohttpd serves IPv4 only "
+                                     "(built without IPv6): use 0.0.0.0 or 127.0.0.1");
   if (!v4 && !v6)
     cfg.fail("run.metrics_bind", "'" + o.bind +
                                      "' is not an IP address (0.0.0.0: every interface, 127.0.0.1: this "

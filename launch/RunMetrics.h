@@ -41,7 +41,7 @@ struct MetricsExportOptions {
   double lingerS = 15.0;
 };
 // run.metrics_port, run.metrics_bind (checked: an IP address the server can listen on, IPv6 only
-// where civetweb was built with it; ConfigError naming the key otherwise), run.metrics_linger_s.
+// where libmicrohttpd was built with it; ConfigError naming the key otherwise), run.metrics_linger_s.
 MetricsExportOptions metricsExportOptions(const Config& cfg);
 
 // One rank's figures of a log interval.
