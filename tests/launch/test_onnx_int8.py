@@ -191,6 +191,22 @@ class Int8(unittest.TestCase):
         for k in params[0]:
             self.assertTrue(np.array_equal(params[0][k], params[1][k]), f"{k} differs after the resume")
 
+    def test_qat_two_ranks(self):
+        """Data parallel: the ranks reduce their observers each warm-up step; the export of the
+        checkpoint (rank 0's state) scores what the trainer's evaluation over both ranks scored."""
+        name = "qat_2ranks"
+        p = ok(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", TRAINER, "--config",
+                    os.path.join(SRC, "configs", "fashion_mlp.ini"), f"--data.path={small_fashion()}",
+                    f"--run.dir={TMP}", f"--run.name={name}", "--train.batch_size=64", "--train.max_steps=24",
+                    "--model.hidden=64", "--train.qat=true", "--train.qat_observe_steps=8", "--data.num_workers=1"]),
+               "2-rank QAT")
+        acc = float([l for l in p.stdout.splitlines() if l.startswith("final ")][-1].split("test_accuracy=")[1].split()[0])
+        ckdir = os.path.join(TMP, name, "checkpoints")
+        out = os.path.join(TMP, "qat_2ranks.onnx")
+        ok(export(os.path.join(ckdir, sorted(os.listdir(ckdir))[-1]), out, "--quantize", "int8"), "export")
+        r = bench(out)
+        self.assertLessEqual(abs(r["accuracy"] - acc), 0.01, f"ORT {r['accuracy']} vs the trainer's {acc}")
+
     def test_bad_input_is_exit_2(self):
         ckpt, _ = train("mlp_f32", "fashion_mlp.ini", "--train.max_steps=60", "--model.hidden=128,64")
         out = os.path.join(TMP, "bad.onnx")
