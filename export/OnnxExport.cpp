@@ -244,6 +244,7 @@ void addSequentialGraph(OnnxWriter& w, const Json& arch) {
       s.x = w.g.add(
           "MaxPool", {s.x}, label,
           {OnnxAttr::integers("kernel_shape", {k, k}), OnnxAttr::integers("strides", {stride, stride})});
+      s.x = w.hooks.pooled(w.g, s.x, label);
     } else if (kind == "flatten") {
       if (s.trainer == Arrangement::kNHWC &&
           s.graph == Arrangement::kNCHW)  // flatten H, W, C as the trainer does

@@ -51,6 +51,9 @@ class OnnxExportHooks {
   }
   // What the rest of the graph reads of a Conv's output `y` of layer `site`. Default: `y` itself.
   virtual std::string output(OnnxGraph& g, const std::string& y, const std::string& site) { return y; }
+  // The output `y` of a MaxPool of layer `site`: a pooling keeps its input's values, so a quantized
+  // export may mark it as still on the last output()'s grid (lets the pooling run on integers).
+  virtual std::string pooled(OnnxGraph& g, const std::string& y, const std::string& site) { return y; }
 };
 
 struct OnnxExportOptions {

@@ -36,6 +36,7 @@ std::string QdqHooks::activation(OnnxGraph& g, const std::string& x, const std::
     throw CheckpointError("export: " + where_ + ": no activation range for the input of layer " + site +
                           " (the calibration or QAT state never observed it)");
   inputScale_[site] = it->second.scale;
+  onGrid_ = false;
   return quantizeDequantize(g, x, it->second, site + "/input");
 }
 
@@ -68,7 +69,13 @@ std::string QdqHooks::output(OnnxGraph& g, const std::string& y, const std::stri
   if (it == sites_.end())
     throw CheckpointError("export: " + where_ + ": no activation range for the output of layer " + site +
                           " (the calibration or QAT state never observed it)");
+  onGrid_ = true;
+  gridParams_ = it->second;
   return quantizeDequantize(g, y, it->second, site + "/output");
+}
+
+std::string QdqHooks::pooled(OnnxGraph& g, const std::string& y, const std::string& site) {
+  return onGrid_ ? quantizeDequantize(g, y, gridParams_, site + "/output") : y;
 }
 
 }  // namespace mt

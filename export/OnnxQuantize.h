@@ -10,7 +10,8 @@
 //             from the observed range of that layer's input (site "<label>")
 //   conv bias int32 b_q = round(b / (s_x s_w[c])) -> DequantizeLinear(scale s_x s_w[c], axis 0),
 //             the form QLinearConv takes
-//   conv out  QuantizeLinear / DequantizeLinear with the range observed at site "<label>/out"
+//   conv out  QuantizeLinear / DequantizeLinear with the range observed at site "<label>/out", and
+//             the same pair after a MaxPool of it (an identity on that grid)
 // Linear biases stay f32 (added after the MatMul). A site without a range is a CheckpointError
 // naming it: a calibration or QAT state that never reached that layer exports nothing.
 
@@ -33,6 +34,9 @@ class QdqHooks : public OnnxExportHooks {
   std::string activation(OnnxGraph& g, const std::string& x, const std::string& site) override;
   std::string bias(OnnxGraph& g, const std::string& name, const Tensor& b, const std::string& site) override;
   std::string output(OnnxGraph& g, const std::string& y, const std::string& site) override;
+  // Q/DQ with the parameters of the last convolution output when only ReLU / MaxPool lie between
+  // (exact: their outputs are values of that grid), so ORT pools and reshapes uint8 tensors.
+  std::string pooled(OnnxGraph& g, const std::string& y, const std::string& site) override;
 
  private:
   std::string quantizeDequantize(OnnxGraph& g, const std::string& x, ActivationQParams p,
@@ -42,6 +46,8 @@ class QdqHooks : public OnnxExportHooks {
   // The layer being written: its input's scale and its weight's per-channel scales (for the bias).
   std::map<std::string, float> inputScale_;
   std::vector<float> lastWeightScales_;
+  bool onGrid_ = false;  // the current activation is on gridParams_ (a conv output, pooled)
+  ActivationQParams gridParams_;
 };
 
 }  // namespace mt

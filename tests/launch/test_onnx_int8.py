@@ -4,7 +4,8 @@ minmax|percentile`) and quantization-aware training (`train.qat`, exported with 
 as QDQ ONNX models run by ONNX Runtime 1.30 (onnxruntime-node, CPU; scripts/onnx/ort_bench.js).
 
   - every int8 model passes onnx.checker (full check) and ORT's optimizer turns it into integer
-    kernels: its optimized graph (optimizedModelFilePath) holds QGemm / QLinearConv;
+    kernels: its optimized graph (optimizedModelFilePath) holds QGemm, and for the CNN both
+    convolutions as QLinearConv and both poolings as uint8 NhwcMaxPool (no f32 Conv / MaxPool);
   - PTQ: int8 test accuracy within ACC_TOL of the f32 export of the same checkpoint, and the int8
     model's predictions agree with the f32 model's on >= AGREE of the test images;
   - QAT: ORT's int8 logits agree with the trainer's own fake-quantized forward (`trainer logits
@@ -148,6 +149,11 @@ class Int8(unittest.TestCase):
         ok(export(ckpt, out, "--quantize", "int8"), "QAT export")  # --calibration qat is the default here
         r = self.check_int8(out, "cnn qat", "QLinearConv")
         self.assertIn("QuantizeLinear", ops(out))
+        ran = ops(out + ".ort.onnx")  # every convolution and pooling on integers, none left in f32
+        self.assertEqual(ran.count("QLinearConv"), 2, ran)
+        self.assertEqual(ran.count("NhwcMaxPool"), 2, ran)
+        self.assertNotIn("Conv", ran)
+        self.assertNotIn("MaxPool", ran)
         print(f"cnn QAT: ORT int8 accuracy {r['accuracy']:.4f}, trainer's fake-quantized {acc:.4f}", flush=True)
         self.assertLessEqual(abs(r["accuracy"] - acc), 0.01)
         ref_h5 = os.path.join(TMP, "cnn_qat_logits.h5")

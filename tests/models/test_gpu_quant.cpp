@@ -24,7 +24,8 @@ void expectBitEqual(const Tensor& gpu, const Tensor& cpu, const char* what) {
 TEST(GpuQuant, KernelsMatchTheCpuBitForBit) {
   Tensor w = test::randomTensor({37, 3, 3, 19}, 1, 0.2f);
   w.data<float>()[5] = 0.f;
-  for (int64_t i = 0; i < 171; ++i) w.data<float>()[171 * 4 + i] = 0.f;  // an all-zero channel
+  for (int64_t i = 0; i < 171; ++i)
+    w.data<float>()[171 * 4 + i] = 0.f;  // an all-zero channel
   Tensor x = test::randomTensor({129, 301}, 2, 3.f);
   Tensor fw = Tensor::empty(w.shape(), DType::kF32), gfw = Tensor::empty(w.shape(), DType::kF32, kGpu);
   fakeQuantWeight(fw, w);
@@ -61,9 +62,11 @@ TEST(GpuQuant, QatCnnStepMatchesTheCpu) {
   gpuModel->initParams(5);
   Batch b;
   b.inputs = Tensor::empty({8, 12, 12, 1}, DType::kU8);
-  for (int64_t i = 0; i < b.inputs.numel(); ++i) b.inputs.data<uint8_t>()[i] = static_cast<uint8_t>((i * 53) % 256);
+  for (int64_t i = 0; i < b.inputs.numel(); ++i)
+    b.inputs.data<uint8_t>()[i] = static_cast<uint8_t>((i * 53) % 256);
   b.targets = Tensor::empty({8}, DType::kI64);
-  for (int64_t i = 0; i < 8; ++i) b.targets.data<int64_t>()[i] = i % 5;
+  for (int64_t i = 0; i < 8; ++i)
+    b.targets.data<int64_t>()[i] = i % 5;
   Batch gb;
   gb.inputs = b.inputs.to(kGpu);
   gb.targets = b.targets.to(kGpu);
@@ -78,7 +81,8 @@ TEST(GpuQuant, QatCnnStepMatchesTheCpu) {
   EXPECT_NEAR(lg.resolved().meanLoss(), lc.meanLoss(), 1e-3);
   // The observers saw the same ranges (to the GEMMs' rounding), so the quantizers agree.
   const Tensor lo = cq.packedLows(), glo = gq.packedLows();
-  for (int64_t i = 0; i < lo.numel(); ++i) EXPECT_NEAR(glo.data<float>()[i], lo.data<float>()[i], 1e-3) << i;
+  for (int64_t i = 0; i < lo.numel(); ++i)
+    EXPECT_NEAR(glo.data<float>()[i], lo.data<float>()[i], 1e-3) << i;
   EXPECT_LT(test::relErr(gpuModel->params().flatGrads(), cpuModel->params().flatGrads()), 2e-2);
 }
 

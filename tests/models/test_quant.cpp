@@ -23,7 +23,7 @@ Tensor tensorOf(const Shape& s, std::vector<float> v) {
 TEST(Int8, ActivationParamsHoldZeroAndSaturate) {
   const ActivationQParams p = activationQParams(-1.f, 3.f);
   EXPECT_FLOAT_EQ(p.scale, 4.f / 255.f);
-  EXPECT_EQ(p.zeroPoint, 64);  // round(1 / (4/255)) = round(63.75)
+  EXPECT_EQ(p.zeroPoint, 64);                                  // round(1 / (4/255)) = round(63.75)
   const ActivationQParams pos = activationQParams(0.5f, 2.f);  // widened to [0, 2]: zero point 0
   EXPECT_EQ(pos.zeroPoint, 0);
   EXPECT_FLOAT_EQ(pos.scale, 2.f / 255.f);
@@ -33,12 +33,12 @@ TEST(Int8, ActivationParamsHoldZeroAndSaturate) {
   Tensor y = Tensor::empty({6}, DType::kF32);
   fakeQuantActivation(y, x, p);
   const float* q = y.data<float>();
-  EXPECT_EQ(q[0], 0.f);                    // zero is exact
-  EXPECT_FLOAT_EQ(q[1], p.lowest());       // saturates below
-  EXPECT_FLOAT_EQ(q[2], p.highest());      // and above
-  EXPECT_NEAR(q[3], 1.f, p.scale / 2);     // within half a step inside
+  EXPECT_EQ(q[0], 0.f);                 // zero is exact
+  EXPECT_FLOAT_EQ(q[1], p.lowest());    // saturates below
+  EXPECT_FLOAT_EQ(q[2], p.highest());   // and above
+  EXPECT_NEAR(q[3], 1.f, p.scale / 2);  // within half a step inside
   EXPECT_NEAR(q[4], -0.3f, p.scale / 2);
-  EXPECT_FLOAT_EQ(q[5], 2.f * p.scale);    // 2.5 rounds half to even (2), as ONNX's QuantizeLinear
+  EXPECT_FLOAT_EQ(q[5], 2.f * p.scale);  // 2.5 rounds half to even (2), as ONNX's QuantizeLinear
 }
 
 TEST(Int8, WeightsPerChannelAlongTheAxisAsked) {
@@ -59,7 +59,8 @@ TEST(Int8, WeightsPerChannelAlongTheAxisAsked) {
   // The trainer's fake quantization (axis 0) is exactly q · s of the export's.
   Tensor fq = Tensor::empty({2, 3}, DType::kF32);
   fakeQuantWeight(fq, w);
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(fq.data<float>()[i], rows.q[i] * rows.scales[i / 3]) << i;
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(fq.data<float>()[i], rows.q[i] * rows.scales[i / 3]) << i;
   Tensor zeros = Tensor::zeros({2, 2}, DType::kF32);
   EXPECT_EQ(quantizeWeight(zeros, 0).scales[0], 1.f);  // an all-zero channel: scale 1, q 0
 }
@@ -79,7 +80,8 @@ TEST(Int8, Observers) {
   EXPECT_EQ(mm.state().batches, 2);
   // Percentile: an outlier beyond the 99th percentile is clipped.
   Tensor c = Tensor::empty({1001}, DType::kF32);
-  for (int i = 0; i <= 1000; ++i) c.data<float>()[i] = static_cast<float>(i) / 1000.f;
+  for (int i = 0; i <= 1000; ++i)
+    c.data<float>()[i] = static_cast<float>(i) / 1000.f;
   c.data<float>()[1000] = 1000.f;
   ActivationObserver pct(ObserverKind::kPercentile, 99.0);
   pct.observe(c);
@@ -101,7 +103,8 @@ TEST(Int8, FakeQuantizedLinearForwardAndStraightThroughBackward) {
   model->initParams(3);
   auto& seq = static_cast<Sequential&>(*model);
   size_t fcIndex = 0;
-  while (seq.label(fcIndex) != "fc2") ++fcIndex;
+  while (seq.label(fcIndex) != "fc2")
+    ++fcIndex;
   auto& fq = static_cast<FakeQuantized&>(seq.module(fcIndex));
   // Freeze a narrow input range by hand: values beyond it clip.
   fq.inputObserver().setState({true, -0.5f, 0.5f, 1});
@@ -120,7 +123,8 @@ TEST(Int8, FakeQuantizedLinearForwardAndStraightThroughBackward) {
   fakeQuantWeight(wq, w);
   Tensor ref = Tensor::empty(y.shape(), DType::kF32);
   linearForward(ref, xq, wq, &lin.bias()->value);
-  for (int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y.data<float>()[i], ref.data<float>()[i]) << i;
+  for (int64_t i = 0; i < y.numel(); ++i)
+    EXPECT_EQ(y.data<float>()[i], ref.data<float>()[i]) << i;
   for (int64_t i = 0; i < w.numel(); ++i)  // the f32 weight is bound back
     EXPECT_EQ(lin.weight()->value.data<float>()[i], w.data<float>()[i]);
   Tensor dy = Tensor::empty(y.shape(), DType::kF32);
@@ -130,7 +134,8 @@ TEST(Int8, FakeQuantizedLinearForwardAndStraightThroughBackward) {
   Tensor dyRef = Tensor::empty(y.shape(), DType::kF32);
   dyRef.fill_(1.f);
   linearBackward(&dxRef, dwRef, nullptr, dyRef, xq, wq);
-  for (int64_t i = 0; i < w.numel(); ++i) EXPECT_FLOAT_EQ(lin.weight()->grad.data<float>()[i], dwRef.data<float>()[i]);
+  for (int64_t i = 0; i < w.numel(); ++i)
+    EXPECT_FLOAT_EQ(lin.weight()->grad.data<float>()[i], dwRef.data<float>()[i]);
   for (int64_t i = 0; i < 6; ++i) {
     const float xi = x.data<float>()[i];
     const bool inside = xi >= p.lowest() && xi <= p.highest();
@@ -147,7 +152,8 @@ TEST(Int8, ObserverStateRoundTripsBitExactlyAndChecksTheModel) {
   QuantizedModel qm(*model, QuantOptions{});
   model->params().materialize(Device::cpu());
   model->initParams(3);
-  Tensor lows = tensorOf({2}, {-0.1234567f, std::nextafter(0.f, 1.f)}), highs = tensorOf({2}, {1.f / 3.f, 7.f});
+  Tensor lows = tensorOf({2}, {-0.1234567f, std::nextafter(0.f, 1.f)}),
+         highs = tensorOf({2}, {1.f / 3.f, 7.f});
   qm.setPacked(lows, highs);
   const std::string json = qm.stateJson();
   auto other = buildMlp(mc, InputSpec{1, 4, 1, 2});
