@@ -232,6 +232,13 @@ class Int8(unittest.TestCase):
                  f"--run.dir={TMP}", "--run.name=gpt_qat", "--train.qat=true"])
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertIn("train.qat", p.stderr)
+        p = ok(run([TRAINER, "--config", os.path.join(SRC, "configs", "gpt_tiny.ini"), f"--data.path={TOKENS}",
+                    f"--run.dir={TMP}", "--run.name=gpt_f32", "--train.max_steps=2"]), "gpt training")
+        ckdir = os.path.join(TMP, "gpt_f32", "checkpoints")
+        p = export(os.path.join(ckdir, sorted(os.listdir(ckdir))[-1]), out, "--quantize", "int8")
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("--quantize int8 supports the mlp and cnn models", p.stderr)
+        self.assertFalse(os.path.exists(out))
 
 
 if __name__ == "__main__":
