@@ -197,10 +197,11 @@ void conv2d(OnnxWriter& w, const Json& layer, const std::string& label, ImageSta
   std::vector<std::string> inputs = {w.hooks.activation(w.g, s.x, label),
                                      w.hooks.weight(w.g, label + ".weight", oihw, /*channelAxis=*/0)};
   if (w.integer(layer, "bias", 0))
-    inputs.push_back(w.g.addInitializer(label + ".bias", w.param(label + ".bias", {out})));
+    inputs.push_back(w.hooks.bias(w.g, label + ".bias", w.param(label + ".bias", {out}), label));
   s.x = w.g.add("Conv", inputs, label,
                 {OnnxAttr::integers("kernel_shape", {k, k}), OnnxAttr::integers("strides", {stride, stride}),
                  OnnxAttr::integers("pads", {pad, pad, pad, pad})});
+  s.x = w.hooks.output(w.g, s.x, label);
 }
 
 }  // namespace
@@ -243,6 +244,7 @@ void addSequentialGraph(OnnxWriter& w, const Json& arch) {
       s.x = w.g.add(
           "MaxPool", {s.x}, label,
           {OnnxAttr::integers("kernel_shape", {k, k}), OnnxAttr::integers("strides", {stride, stride})});
+      s.x = w.hooks.pooled(w.g, s.x, label);
     } else if (kind == "flatten") {
       if (s.trainer == Arrangement::kNHWC &&
           s.graph == Arrangement::kNCHW)  // flatten H, W, C as the trainer does

@@ -44,6 +44,16 @@ class OnnxExportHooks {
   virtual std::string weight(OnnxGraph& g, const std::string& name, const Tensor& w, int channelAxis);
   // The tensor a MatMul/Gemm/Conv of layer `site` reads as its input `x`. Default: `x` itself.
   virtual std::string activation(OnnxGraph& g, const std::string& x, const std::string& site) { return x; }
+  // The bias a Conv of layer `site` reads (after weight() and activation() of that layer, so a
+  // quantized export can write it as int32 with scale s_x · s_w[c]). Default: an f32 initializer.
+  virtual std::string bias(OnnxGraph& g, const std::string& name, const Tensor& b, const std::string& site) {
+    return g.addInitializer(name, b);
+  }
+  // What the rest of the graph reads of a Conv's output `y` of layer `site`. Default: `y` itself.
+  virtual std::string output(OnnxGraph& g, const std::string& y, const std::string& site) { return y; }
+  // The output `y` of a MaxPool of layer `site`: a pooling keeps its input's values, so a quantized
+  // export may mark it as still on the last output()'s grid (lets the pooling run on integers).
+  virtual std::string pooled(OnnxGraph& g, const std::string& y, const std::string& site) { return y; }
 };
 
 struct OnnxExportOptions {

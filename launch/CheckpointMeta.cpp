@@ -211,6 +211,9 @@ CheckpointMeta parseChecked(const Fields& f, const Json& j) {
   parseParams(f, j, m);
   parseFiles(f, j, m);
   parseIdentity(f, j, m);
+  // Quantization-aware training's observers (models/quant/QuantizedModel checks the contents).
+  const auto qat = j.find("qat");
+  if (qat != j.end()) st.qat = f.object(*qat, "qat").dump();
   return m;
 }
 
@@ -239,6 +242,7 @@ std::string CheckpointMeta::toJson() const {
   j["scaler_skipped"] = state.scalerSkipped;
   j["seed"] = state.seed;
   j["strategy"] = state.strategy;
+  if (!state.qat.empty()) j["qat"] = Json::parse(state.qat);
   j["world_size"] = worldSize;
   j["numel"] = numel;
   j["time"] = time;

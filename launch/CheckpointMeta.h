@@ -28,6 +28,9 @@ struct TrainState {
   int64_t scalerSkipped = 0;  // steps the loss scaler skipped (absent in older checkpoints: 0)
   uint64_t seed = 0;
   std::string strategy = "no_shard";
+  // Quantization-aware training's observer state (models/quant/QuantizedModel::stateJson, JSON
+  // text, "qat" in meta.json); "" without train.qat.
+  std::string qat;
 };
 
 // What a checkpoint was trained on besides its state: a resume on another model is refused, on

@@ -153,6 +153,15 @@ const std::vector<ConfigKey>& configSchema() {
       integer("train.divergence_steps", "3", atLeast(1),
               "consecutive steps with a non-finite loss that stop the run as diverged (exit 4; no checkpoint of "
               "non-finite weights is ever written)"),
+      boolean("train.qat", "false",
+              "quantization-aware training: int8 fake quantization of every linear / conv2d (weights per output "
+              "channel, activations per tensor, straight-through gradients; mlp and cnn); export with trainer export "
+              "--format onnx --quantize int8"),
+      choice("train.qat_observer", "minmax",
+             {{"minmax", "the activation ranges are the min and max seen"},
+              {"ema", "moving averages of each batch's min and max (constant 0.01)"}}),
+      integer("train.qat_observe_steps", "200", kPositive,
+              "train.qat: the observers update during the first N optimizer steps, then are frozen"),
       integer("train.eval_batches", "20", kPositive, "gpt: batches of the test split per evaluation"),
       real("train.peak_flops", "989e12", kPositive, "peak FLOP/s per GPU for the MFU figure (H100/H200 dense bf16)"),
       // optim

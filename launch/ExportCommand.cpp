@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "core/Log.h"
 #include "data/H5File.h"
@@ -17,6 +18,8 @@
 #include "launch/Architecture.h"
 #include "launch/CheckpointFile.h"
 #include "launch/CommandArgs.h"
+#include "launch/QuantizeExport.h"
+#include "models/quant/QuantizedModel.h"
 
 namespace mt {
 
@@ -28,13 +31,18 @@ const char* const kExportUsage =
     "  h5 (default): one HDF5 file with the consolidated parameters of a (sharded) checkpoint and its\n"
     "  architecture; onnx: the model as an ONNX model (opset 17, dynamic batch; GPT: dynamic sequence\n"
     "  up to its block size), f32 master weights. --external-data: weights in FILE.data beside the\n"
-    "  model (auto: when they pass 1.5 GiB; protobuf's limit is 2 GiB)\n";
+    "  model (auto: when they pass 1.5 GiB; protobuf's limit is 2 GiB)\n"
+    "  int8 (onnx, mlp and cnn): [--quantize int8] [--calibration minmax|percentile|qat]\n"
+    "    [--calibration-batches N (8)] [--calibration-batch-size B (128)] [--percentile P (99.99)]\n"
+    "    [--calibration-data FILE.h5]: a QDQ model, int8 weights per output channel, uint8 activations\n"
+    "    calibrated on N training batches (qat, the default for a train.qat checkpoint: its observers)\n";
 const char* const kLogitsUsage =
     "usage: trainer logits --checkpoint DIR --out FILE.h5 [--data FILE.h5] [--split test] [--first I]\n"
-    "         [--count N] [--seq-len T]\n"
+    "         [--count N] [--seq-len T] [--quantize int8]\n"
     "  the trainer's own inference forward (CPU, f32) of a checkpoint on samples first..first+N-1\n"
     "  (default 0..15) of a split of its data (default: the file it trained on, the test split):\n"
-    "  /inputs, /labels or /targets, /logits; GPT windows of T tokens (default its block size)\n";
+    "  /inputs, /labels or /targets, /logits; GPT windows of T tokens (default its block size);\n"
+    "  --quantize int8: the int8 fake-quantized forward of a train.qat checkpoint (its observers)\n";
 
 namespace {
 
@@ -93,19 +101,23 @@ void rethrowingInternal(F&& f) {
   }
 }
 
-void exportOnnxFile(const std::string& ckpt, const std::string& out, OnnxSaveOptions::ExternalData external) {
+void exportOnnxFile(const std::string& ckpt, const std::string& out, OnnxSaveOptions::ExternalData external,
+                    const Int8ExportRequest* int8) {
   ConsolidatedCheckpoint c = consolidateCheckpoint(ckpt);
   if (c.meta.identity.architecture.empty())
     throw CheckpointError(
         "export: checkpoint " + ckpt +
         " records no architecture (written by an older build): only --format h5 exports it");
-  ParamMap params;
-  for (const CheckpointParam& p : c.meta.params)
-    params[p.name] = c.param(p);
-  OnnxExportOptions options;
-  options.source = ckpt;
-  options.step = c.meta.state.step;
-  OnnxGraph g = buildOnnxModel(c.meta.identity.architecture, params, options, "checkpoint " + ckpt);
+  OnnxGraph g = [&] {
+    if (int8) return buildInt8Model(c, ckpt, *int8);
+    ParamMap params;
+    for (const CheckpointParam& p : c.meta.params)
+      params[p.name] = c.param(p);
+    OnnxExportOptions options;
+    options.source = ckpt;
+    options.step = c.meta.state.step;
+    return buildOnnxModel(c.meta.identity.architecture, params, options, "checkpoint " + ckpt);
+  }();
   OnnxSaveOptions save;
   save.external = external;
   const double mib = static_cast<double>(g.initializerBytes()) / (1 << 20);
@@ -113,14 +125,53 @@ void exportOnnxFile(const std::string& ckpt, const std::string& out, OnnxSaveOpt
   const bool side = external == OnnxSaveOptions::ExternalData::kAlways ||
                     (external == OnnxSaveOptions::ExternalData::kAuto &&
                      g.initializerBytes() > OnnxGraph::kExternalDataThreshold);
-  std::printf("exported %s to %s (ONNX opset %lld, %.1f MiB of f32 weights%s)\n", ckpt.c_str(), out.c_str(),
-              static_cast<long long>(g.opset()), mib, side ? (", in " + out + ".data").c_str() : "");
+  std::printf("exported %s to %s (ONNX opset %lld, %.1f MiB of %s weights%s)\n", ckpt.c_str(), out.c_str(),
+              static_cast<long long>(g.opset()), mib, int8 ? "int8" : "f32",
+              side ? (", in " + out + ".data").c_str() : "");
+}
+
+// --quantize and the calibration options (each refused without --quantize int8 and --format onnx).
+std::optional<Int8ExportRequest> int8Request(std::map<std::string, std::string>& f, const std::string& format) {
+  const bool calibrationFlag = f.count("--calibration") || f.count("--calibration-batches") ||
+                               f.count("--calibration-batch-size") || f.count("--percentile") ||
+                               f.count("--calibration-data");
+  if (!f.count("--quantize")) {
+    if (calibrationFlag)
+      throw ConfigError("export: --calibration, --calibration-batches, --calibration-batch-size, --percentile and "
+                        "--calibration-data are options of --quantize int8");
+    return std::nullopt;
+  }
+  if (f["--quantize"] != "int8") throw ConfigError("export: --quantize " + f["--quantize"] + ": expected int8");
+  if (format != "onnx") throw ConfigError("export: --quantize int8 is an option of --format onnx");
+  Int8ExportRequest r;
+  if (f.count("--calibration")) {
+    r.calibration = f["--calibration"];
+    if (r.calibration != "minmax" && r.calibration != "percentile" && r.calibration != "qat")
+      throw ConfigError("export: --calibration " + r.calibration + ": expected minmax, percentile or qat");
+  }
+  if (f.count("--calibration-batches"))
+    r.batches = integerOption("export", "--calibration-batches", f["--calibration-batches"], 1, 1 << 20);
+  if (f.count("--calibration-batch-size"))
+    r.batchSize = integerOption("export", "--calibration-batch-size", f["--calibration-batch-size"], 1, 1 << 16);
+  if (f.count("--percentile")) {
+    if (r.calibration != "percentile")
+      throw ConfigError("export: --percentile is an option of --calibration percentile");
+    r.percentile = numberOption("export", "--percentile", f["--percentile"], 50.0, 100.0, /*loOpen=*/true);
+  }
+  if (f.count("--calibration-data")) r.data = f["--calibration-data"];
+  if (r.calibration == "qat" && (f.count("--calibration-batches") || f.count("--calibration-batch-size") ||
+                                 f.count("--calibration-data")))
+    throw ConfigError("export: --calibration qat uses the checkpoint's observers: no calibration batches to give");
+  return r;
 }
 
 }  // namespace
 
 int exportCommand(const std::vector<std::string>& args) {
-  auto f = parseFlags("export", args, {"--checkpoint", "--out", "--format", "--external-data"}, kExportUsage);
+  auto f = parseFlags("export", args,
+                      {"--checkpoint", "--out", "--format", "--external-data", "--quantize", "--calibration",
+                       "--calibration-batches", "--calibration-batch-size", "--percentile", "--calibration-data"},
+                      kExportUsage);
   const std::string ckpt = f["--checkpoint"], out = f["--out"];
   const std::string format = f.count("--format") ? f["--format"] : "h5";
   if (ckpt.empty() || out.empty())
@@ -138,10 +189,11 @@ int exportCommand(const std::vector<std::string>& args) {
     else if (e != "auto")
       throw ConfigError("export: --external-data " + e + ": expected auto, always or never");
   }
+  const std::optional<Int8ExportRequest> int8 = int8Request(f, format);
   checkWritableOutput("export", out);
   rethrowingInternal([&] {  // a file already at --out is replaced only by a complete export
     if (format == "onnx") {
-      exportOnnxFile(ckpt, out, external);
+      exportOnnxFile(ckpt, out, external, int8 ? &*int8 : nullptr);
     } else {
       exportConsolidated(ckpt, out);
       std::printf("exported %s to %s\n", ckpt.c_str(), out.c_str());
@@ -150,15 +202,8 @@ int exportCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
-namespace {
-
-struct LogitsRequest {
-  std::string ckpt, out, data, split = "test";
-  int64_t first = 0, count = 16, seqLen = 0;
-};
-
 // The checkpoint's values into the rebuilt model's parameters (CPU, f32), matched by name and shape.
-void loadValues(Model& model, ConsolidatedCheckpoint& c, const std::string& ckpt) {
+void loadCheckpointValues(Model& model, ConsolidatedCheckpoint& c, const std::string& ckpt) {
   ParamTable& table = model.params();
   table.materialize(Device::cpu());
   if (static_cast<int64_t>(c.meta.params.size()) != static_cast<int64_t>(table.size()))
@@ -173,6 +218,14 @@ void loadValues(Model& model, ConsolidatedCheckpoint& c, const std::string& ckpt
     q->value.copyFrom(c.param(p));
   }
 }
+
+namespace {
+
+struct LogitsRequest {
+  std::string ckpt, out, data, split = "test";
+  int64_t first = 0, count = 16, seqLen = 0;
+  bool fakeQuant = false;
+};
 
 void checkRange(const LogitsRequest& r, int64_t size) {
   if (r.first >= size || r.count > size - r.first)
@@ -208,7 +261,15 @@ void writeLogits(const LogitsRequest& r, const ConsolidatedCheckpoint& c, const 
 void runLogits(LogitsRequest& r) {
   ConsolidatedCheckpoint c = consolidateCheckpoint(r.ckpt);
   RebuiltModel m = rebuildFromArchitecture(c.meta.identity.architecture, "checkpoint " + r.ckpt);
-  loadValues(*m.model, c, r.ckpt);
+  std::unique_ptr<QuantizedModel> qat;
+  if (r.fakeQuant) {
+    if (c.meta.state.qat.empty() || m.type == "gpt")
+      throw ConfigError("logits: --quantize int8: checkpoint " + r.ckpt +
+                        " holds no quantization state (trained without train.qat)");
+    qat = std::make_unique<QuantizedModel>(*m.model, QuantOptions{});
+    qat->loadState(c.meta.state.qat, "checkpoint " + r.ckpt);
+  }
+  loadCheckpointValues(*m.model, c, r.ckpt);
   if (r.data.empty()) r.data = c.meta.identity.dataPath;
   if (r.data.empty())
     throw ConfigError("logits: checkpoint " + r.ckpt + " does not name its data file: give --data");
@@ -257,7 +318,7 @@ void runLogits(LogitsRequest& r) {
 
 int logitsCommand(const std::vector<std::string>& args) {
   auto f = parseFlags("logits", args,
-                      {"--checkpoint", "--out", "--data", "--split", "--first", "--count", "--seq-len"},
+                      {"--checkpoint", "--out", "--data", "--split", "--first", "--count", "--seq-len", "--quantize"},
                       kLogitsUsage);
   LogitsRequest r;
   r.ckpt = f["--checkpoint"];
@@ -267,6 +328,10 @@ int logitsCommand(const std::vector<std::string>& args) {
   if (f.count("--first")) r.first = integerOption("logits", "--first", f["--first"], 0, int64_t{1} << 40);
   if (f.count("--count")) r.count = integerOption("logits", "--count", f["--count"], 1, 1 << 20);
   if (f.count("--seq-len")) r.seqLen = integerOption("logits", "--seq-len", f["--seq-len"], 1, 1 << 20);
+  if (f.count("--quantize")) {
+    if (f["--quantize"] != "int8") throw ConfigError("logits: --quantize " + f["--quantize"] + ": expected int8");
+    r.fakeQuant = true;
+  }
   if (r.ckpt.empty() || r.out.empty())
     throw ConfigError(std::string("logits: --checkpoint and --out are required\n") + kLogitsUsage);
   checkWritableOutput("logits", r.out);

@@ -111,6 +111,11 @@ Settings Settings::fromConfig(const Config& c) {
   s.gpt.checkpointing = enumOf(c, "train.activation_checkpointing", activationCheckpointings());
   s.gpt.checkpointEvery = c.i64("train.activation_checkpointing_every");
   s.gpt.attention = enumOf(c, "model.attention", attentionBackends());
+  s.qat = c.flag("train.qat");
+  s.qatObserver = c.str("train.qat_observer");
+  s.qatObserveSteps = c.i64("train.qat_observe_steps");
+  if (s.qat && m.type == "gpt") c.fail("train.qat", "int8 quantization-aware training supports model.type mlp and cnn");
+  if (s.qat && s.precision != "f32") c.fail("train.qat", "fake quantization runs on f32 activations: needs train.precision = f32");
   if (s.gpt.checkpointing != ActivationCheckpointing::kNone && m.type != "gpt")
     c.fail("train.activation_checkpointing", "recomputes transformer blocks: needs model.type = gpt");
   s.peakFlops = c.f64("train.peak_flops");
@@ -152,6 +157,8 @@ Settings Settings::fromConfig(const Config& c) {
 
   // sharding
   s.sharding.strategy = enumOf(c, "sharding.strategy", shardStrategies());
+  if (s.qat && s.sharding.strategy != ShardStrategy::kNoShard)
+    c.fail("train.qat", "fake quantization reads whole weights: needs sharding.strategy = no_shard");
   s.sharding.offloadCpu = c.str("sharding.offload") == "cpu";
   s.sharding.prefetchLimit = static_cast<int>(c.i64("sharding.prefetch_limit"));
   // auto: with offload the gather copy is all the GPU keeps of the parameters; under bf16/f16

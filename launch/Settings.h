@@ -47,6 +47,10 @@ struct Settings {
   int64_t divergenceSteps = 3;  // consecutive non-finite losses that end the run (exit 4)
   int64_t evalBatches = 20;
   double peakFlops = 989e12;
+  // quantization-aware training (models/quant): int8 fake quantization of every linear / conv2d
+  bool qat = false;
+  std::string qatObserver = "minmax";  // minmax | ema
+  int64_t qatObserveSteps = 200;       // observers update during the first N optimizer steps
   // optim + schedule (totalSteps filled in once the data is known)
   OptimConfig optim;
   LrSchedule schedule;

@@ -18,6 +18,7 @@
 #include "launch/NcclReport.h"
 #include "launch/SetupAgreement.h"
 #include "models/layers/SoftmaxCrossEntropy.h"
+#include "models/quant/QuantizedModel.h"
 
 #ifdef MT_WITH_CUDA
 #include "comm/NcclCommunicator.h"
@@ -237,6 +238,16 @@ void Trainer::setupModel() {
   if (world_->rank() == 0)
     MT_LOG_INFO << "building the " << s_.model.type << " model on " << device_.str() << task_->modelDetail();
   model_ = task_->buildModel(s_, cfg_);
+  if (s_.qat) {
+    QuantOptions q;
+    q.mode = QuantMode::kTrain;
+    parseObserverKind(s_.qatObserver, &q.observer);  // (the schema admits minmax and ema only)
+    q.freezeStep = s_.qatObserveSteps;
+    qat_ = std::make_unique<QuantizedModel>(*model_, q);
+    if (world_->rank() == 0)
+      MT_LOG_INFO << "train.qat: int8 fake quantization at " << qat_->numSites() << " sites, " << s_.qatObserver
+                  << " observers frozen after step " << s_.qatObserveSteps;
+  }
   // A model too large for the machine is a configuration error (exit 2, saying what it needs),
   // not an allocation failure deep inside setup.
   const int64_t numParams = model_->params().numel();
@@ -295,6 +306,10 @@ void Trainer::resumeIfAny() {
   // loader_seq counts global batches of train.batch_size rows (any grad_accum_steps).
   loader_->seek(st.loaderSeq * s_.gradAccum);
   if (scaler_ && st.lossScale > 0) scaler_->setState(st.lossScale, st.scalerClean, st.scalerSkipped);
+  if (qat_ && !st.qat.empty()) qat_->loadState(st.qat, "checkpoint " + path);
+  if (qat_ && st.qat.empty() && st.step > 0 && world_->rank() == 0)
+    MT_LOG_WARN << "checkpoint " << path << " holds no quantization state (trained without train.qat): the observers "
+                << (st.step < s_.qatObserveSteps ? "start afresh" : "are past train.qat_observe_steps and see nothing");
   resumed_ = true;
   if (world_->rank() == 0)
     MT_LOG_INFO << "resumed from " << path << " at step " << startStep_ << " (written by " << st.strategy << " training)";
@@ -354,6 +369,7 @@ void Trainer::saveCheckpoint(int64_t stepsDone) {
     st.scalerSkipped = scaler_->skippedSteps();
   }
   st.strategy = parallelism_->strategyName();
+  if (qat_) st.qat = qat_->stateJson();
   Stopwatch took;
   ckpt_->save(st, *parallelism_, model_->params());
   if (metrics_) metrics_->checkpointWritten(stepsDone, took.elapsed());
@@ -428,7 +444,19 @@ LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
     if (scaler_) scaler_->update();
   }
   par.afterStep();
+  if (qat_ && step < s_.qatObserveSteps) syncObservers();
   return stats;
+}
+
+// Every rank observed its own batches: the ranges are reduced over the world (minmax: min and max,
+// ema: the mean) so every rank quantizes alike and a checkpoint's state is every rank's.
+void Trainer::syncObservers() {
+  if (world_->size() == 1) return;
+  Tensor lo = qat_->packedLows().to(device_), hi = qat_->packedHighs().to(device_);  // (NCCL: device memory)
+  const bool minmax = qat_->options().observer == ObserverKind::kMinMax;
+  world_->allReduceSync(lo, minmax ? ReduceOp::kMin : ReduceOp::kAvg);
+  world_->allReduceSync(hi, minmax ? ReduceOp::kMax : ReduceOp::kAvg);
+  qat_->setPacked(lo.to(Device::cpu()), hi.to(Device::cpu()));
 }
 
 void Trainer::reportMemory(int64_t step) {

@@ -81,6 +81,7 @@ class Trainer {
   LossStats trainStep(const std::vector<Batch>& micro, int64_t step);
   EvalResult evaluate();
   void reportInterval(int64_t step, const LossStats& local, double seconds, int64_t steps, double waitSeconds);
+  void syncObservers();
   void reportMemory(int64_t step);
   int64_t stepsPerEpoch() const;
   double lastGpuComputeSeconds();
@@ -108,6 +109,9 @@ class Trainer {
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<DeviceFeed> feed_;  // cuda: how batches reach the GPU
   std::unique_ptr<Model> model_;
+  // train.qat: the model's layers wrapped in fake quantization, and their observers (after model_:
+  // destroyed first, it points into the model's layers).
+  std::unique_ptr<class QuantizedModel> qat_;
   std::unique_ptr<Parallelism> parallelism_;
   std::unique_ptr<Evaluator> evaluator_;  // made at the first evaluation
   std::unique_ptr<RunReporter> reporter_;

@@ -4,6 +4,7 @@
 // launches a bucket's all-reduce from gradReady(); sharding gathers a unit's parameters before
 // its forward/backward and reduce-scatters its gradients after its backward.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,11 @@ class Sequential : public Model {
   Module& module(size_t i) { return *modules_[i]; }
   const Module& module(size_t i) const { return *modules_[i]; }
   const std::string& label(size_t i) const { return labels_[i]; }  // its parameters' prefix
+  // Replaces module i by wrap(module i) (a layer around it: int8 fake quantization). The wrapper
+  // reports the wrapped layer's parameters, which stay registered as they were.
+  void wrapModule(size_t i, const std::function<std::unique_ptr<Module>(std::unique_ptr<Module>)>& wrap) {
+    modules_[i] = wrap(std::move(modules_[i]));
+  }
   // Forward to the logits only (no loss), for inspection and tests.
   Tensor logits(const Tensor& inputs, Context& ctx);
   // What a training forward of inputs of shape `in` keeps (f32 activations; tensors shared by two

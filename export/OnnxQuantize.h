@@ -1,0 +1,53 @@
+#pragma once
+// The int8 QDQ variant of the ONNX export (export/OnnxExport's walk with these hooks): ONNX
+// Runtime's graph optimizer fuses the QuantizeLinear / DequantizeLinear pairs into integer kernels
+// (Conv -> QLinearConv, MatMul -> MatMulIntegerToFloat), and other runtimes (TensorRT) read the
+// same format. Arithmetic: core/Int8.h.
+//   weights   int8 initializers "<param>_quantized" + f32 scales [C] + int8 zero points [C] (0) ->
+//             DequantizeLinear(axis = the graph's output-channel axis: 1 for a MatMul's [in, out]
+//             weight, 0 for a Conv's [O, C, KH, KW])
+//   inputs    x -> QuantizeLinear(s, z uint8) -> DequantizeLinear -> MatMul / Conv, (s, z) per layer
+//             from the observed range of that layer's input (site "<label>")
+//   conv bias int32 b_q = round(b / (s_x s_w[c])) -> DequantizeLinear(scale s_x s_w[c], axis 0),
+//             the form QLinearConv takes
+//   conv out  QuantizeLinear / DequantizeLinear with the range observed at site "<label>/out", and
+//             the same pair after a MaxPool of it (an identity on that grid)
+// Linear biases stay f32 (added after the MatMul). A site without a range is a CheckpointError
+// naming it: a calibration or QAT state that never reached that layer exports nothing.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/Int8.h"
+#include "export/OnnxExport.h"
+
+namespace mt {
+
+class QdqHooks : public OnnxExportHooks {
+ public:
+  // sites: activation parameters by site ("<label>" inputs, "<label>/out" conv outputs); where:
+  // what to name in an error (the checkpoint and the calibration).
+  QdqHooks(std::map<std::string, ActivationQParams> sites, std::string where)
+      : sites_(std::move(sites)), where_(std::move(where)) {}
+  std::string weight(OnnxGraph& g, const std::string& name, const Tensor& w, int channelAxis) override;
+  std::string activation(OnnxGraph& g, const std::string& x, const std::string& site) override;
+  std::string bias(OnnxGraph& g, const std::string& name, const Tensor& b, const std::string& site) override;
+  std::string output(OnnxGraph& g, const std::string& y, const std::string& site) override;
+  // Q/DQ with the parameters of the last convolution output when only ReLU / MaxPool lie between
+  // (exact: their outputs are values of that grid), so ORT pools and reshapes uint8 tensors.
+  std::string pooled(OnnxGraph& g, const std::string& y, const std::string& site) override;
+
+ private:
+  std::string quantizeDequantize(OnnxGraph& g, const std::string& x, ActivationQParams p,
+                                 const std::string& site);
+  std::map<std::string, ActivationQParams> sites_;
+  std::string where_;
+  // The layer being written: its input's scale and its weight's per-channel scales (for the bias).
+  std::map<std::string, float> inputScale_;
+  std::vector<float> lastWeightScales_;
+  bool onGrid_ = false;  // the current activation is on gridParams_ (a conv output, pooled)
+  ActivationQParams gridParams_;
+};
+
+}  // namespace mt
