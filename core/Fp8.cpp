@@ -52,9 +52,7 @@ void castLoop(uint8_t* q, uint8_t* qt, const T* x, int64_t n, int64_t cols, floa
 // The scale update before a cast (header comment): current from amax(x), delayed from the history.
 void scaleBeforeCast(float* v, int L, Fp8Format f, const Fp8Options& o, bool first, float amaxNow) {
   if (o.recipe == Fp8Recipe::kDelayed && !first) {
-    float h = 0.f;
-    for (int i = 0; i < L; ++i)
-      if (!(v[Fp8State::kHistory + i] <= h)) h = v[Fp8State::kHistory + i];
+    const float h = fp8HistoryMax(v + Fp8State::kHistory, L);
     v[Fp8State::kScale] = fp8ScaleFrom(h, v[Fp8State::kScale], f, o.margin);
   } else {
     v[Fp8State::kScale] = fp8ScaleFrom(amaxNow, v[Fp8State::kScale], f, o.margin);
@@ -188,10 +186,17 @@ void fp8Gemm(const Fp8GemmArgs& a) {
           acc.data<float>());
   const float s = a.sa->values().data<float>()[Fp8State::kScaleInv] * a.sb->values().data<float>()[Fp8State::kScaleInv];
   const float* ap = acc.data<float>();
-  const float* bp = a.bias ? a.bias->data<float>() : nullptr;
   const bool bf16 = a.D->dtype() == DType::kBF16;
-  MT_CHECK(!a.bias || (a.bias->dtype() == DType::kF32 && a.bias->numel() == a.N), "fp8 gemm bias ",
-           a.bias ? a.bias->str() : "");
+  MT_CHECK(!a.bias || (a.bias->numel() == a.N && (a.bias->dtype() == DType::kF32 || a.bias->dtype() == DType::kBF16)),
+           "fp8 gemm bias ", a.bias ? a.bias->str() : "");
+  // The bias as cuBLASLt's FP8 kernels read it: bf16 where D is bf16.
+  std::vector<float> biasValues(a.bias ? static_cast<size_t>(a.N) : 0);
+  for (int64_t n = 0; a.bias && n < a.N; ++n) {
+    const float b = a.bias->dtype() == DType::kBF16 ? static_cast<float>(a.bias->data<BFloat16>()[n])
+                                                    : a.bias->data<float>()[n];
+    biasValues[static_cast<size_t>(n)] = a.D->dtype() == DType::kBF16 ? static_cast<float>(BFloat16(b)) : b;
+  }
+  const float* bp = a.bias ? biasValues.data() : nullptr;
   const int64_t N = a.N;
   parallelFor(a.M, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t m = lo; m < hi; ++m)

@@ -118,6 +118,14 @@ MT_FP8_HD inline float fp8ScaleFrom(float amax, float prev, Fp8Format f, int mar
   return s / p;
 }
 
+// max over the amax history h[0..L) (a NaN, once met, is the result: it keeps the previous scale).
+MT_FP8_HD inline float fp8HistoryMax(const float* h, int L) {
+  float m = 0.f;
+  for (int i = 0; i < L; ++i)
+    if (!(h[i] <= m) && m == m) m = h[i];
+  return m;
+}
+
 struct Fp8Options {
   Fp8Recipe recipe = Fp8Recipe::kDelayed;
   int historyLength = 16;  // delayed: amax values kept (L)
@@ -176,8 +184,11 @@ struct Fp8GemmArgs {
   const Fp8State* sa = nullptr;
   const Fp8State* sb = nullptr;
   Tensor* D = nullptr;
-  const Tensor* bias = nullptr;
+  const Tensor* bias = nullptr;  // f32 or bf16 [N]; read as bf16 where D is bf16 (cuBLASLt's FP8 rule)
   float beta = 0.f;
+  // CUDA: cuBLASLt's FP8 fast accumulation (partial sums not promoted to full f32 every few k
+  // steps; Transformer Engine uses it in forward only). No effect on the CPU emulation.
+  bool fastAccum = false;
 };
 void fp8Gemm(const Fp8GemmArgs& a);
 
