@@ -139,6 +139,25 @@ void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
   st.setCasts(st.casts() + 1);
 }
 
+void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed) {
+  MT_CHECK(q.dtype() == DType::kU8 && q.numel() == x.numel() && q.device() == x.device() && x.isContiguous(),
+           "fp8 cast ", x.str(), " -> ", q.str());
+  const int64_t n = x.numel(), cols = x.ndim() ? x.dim(-1) : 1;
+  if (transposed)
+    MT_CHECK(transposed->dtype() == DType::kU8 && transposed->numel() == n && transposed->dim(0) == cols,
+             "fp8 transposed cast of ", x.str(), " into ", transposed->str());
+  if (x.device().isCuda()) {
+#ifdef MT_WITH_CUDA
+    cuda::fp8QuantizeReplayOnDevice(q, x, st, transposed);
+    return;
+#endif
+  }
+  const float scale = st.values().data<float>()[Fp8State::kScale];
+  uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
+  if (x.dtype() == DType::kBF16) castLoop(q.data<uint8_t>(), qt, x.data<BFloat16>(), n, cols, scale, st.format());
+  else castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, scale, st.format());
+}
+
 void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st) {
   MT_CHECK(x.dtype() == DType::kF32 && q.dtype() == DType::kU8 && x.numel() == q.numel(), "fp8 dequantize ",
            q.str(), " -> ", x.str());
@@ -189,12 +208,12 @@ void fp8Gemm(const Fp8GemmArgs& a) {
   const bool bf16 = a.D->dtype() == DType::kBF16;
   MT_CHECK(!a.bias || (a.bias->numel() == a.N && (a.bias->dtype() == DType::kF32 || a.bias->dtype() == DType::kBF16)),
            "fp8 gemm bias ", a.bias ? a.bias->str() : "");
-  // The bias as cuBLASLt's FP8 kernels read it: bf16 where D is bf16.
+  // The bias as cuBLASLt's FP8 kernels read it: bf16.
   std::vector<float> biasValues(a.bias ? static_cast<size_t>(a.N) : 0);
   for (int64_t n = 0; a.bias && n < a.N; ++n) {
     const float b = a.bias->dtype() == DType::kBF16 ? static_cast<float>(a.bias->data<BFloat16>()[n])
                                                     : a.bias->data<float>()[n];
-    biasValues[static_cast<size_t>(n)] = a.D->dtype() == DType::kBF16 ? static_cast<float>(BFloat16(b)) : b;
+    biasValues[static_cast<size_t>(n)] = static_cast<float>(BFloat16(b));
   }
   const float* bp = a.bias ? biasValues.data() : nullptr;
   const int64_t N = a.N;

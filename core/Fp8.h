@@ -166,6 +166,9 @@ class Fp8State {
 // for a 2-D view [R,C] of x): also written with the transpose, as the FP8 GEMMs' TN layout needs.
 // CPU: the emulation; CUDA: the kernels of core/cuda/Fp8.cu, bit-identical to it.
 void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed = nullptr);
+// The same cast with the scale st holds now (the one the last fp8Quantize used), st unchanged: a
+// recomputation (activation checkpointing) makes the codes its forward made.
+void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed = nullptr);
 // x (f32) <- q * scaleInv.
 void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st);
 // max |x| over a f32 or bf16 tensor (NaN propagates as NaN); CPU only.
@@ -173,7 +176,8 @@ float amaxCpu(const Tensor& x);
 
 // The FP8 GEMM, TN as cuBLASLt's FP8 kernels require: D[M,N] = sA * sB * (A[M,K] · B[N,K]^T)
 // (+ bias[N]) (+ beta * D), A and B u8 codes in formats fa / fb, sA / sB their scaleInv (device
-// pointers on CUDA), f32 accumulation, D f32 or bf16 (a bf16 bias where D is bf16). On the CPU the
+// pointers on CUDA), f32 accumulation, D f32 or bf16, the bias read as bf16 (cuBLASLt's FP8
+// kernels take a bf16 bias whatever D is; the emulation rounds it the same way). On the CPU the
 // codes are decoded exactly to f32, multiplied with OpenBLAS in f32 and scaled once, as cuBLASLt
 // applies the scales to the f32 accumulator.
 struct Fp8GemmArgs {
@@ -184,7 +188,7 @@ struct Fp8GemmArgs {
   const Fp8State* sa = nullptr;
   const Fp8State* sb = nullptr;
   Tensor* D = nullptr;
-  const Tensor* bias = nullptr;  // f32 or bf16 [N]; read as bf16 where D is bf16 (cuBLASLt's FP8 rule)
+  const Tensor* bias = nullptr;  // f32 or bf16 [N], read as bf16
   float beta = 0.f;
   // CUDA: cuBLASLt's FP8 fast accumulation (partial sums not promoted to full f32 every few k
   // steps; Transformer Engine uses it in forward only). No effect on the CPU emulation.
@@ -195,6 +199,7 @@ void fp8Gemm(const Fp8GemmArgs& a);
 namespace cuda {
 // The CUDA halves (core/cuda/Fp8.cu), in CUDA builds.
 void fp8QuantizeOnDevice(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed);
+void fp8QuantizeReplayOnDevice(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed);
 void fp8DequantizeOnDevice(Tensor& x, const Tensor& q, const Fp8State& st);
 // Element-wise cast with CUDA's own __nv_cvt_float_to_fp8 (tests compare fp8FromFloat with it).
 void fp8CastIntrinsic(Tensor& q, const Tensor& x, Fp8Format f);

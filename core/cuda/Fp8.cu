@@ -138,6 +138,11 @@ void quantizeTyped(Tensor& q, const Tensor& x, Fp8State& st, Tensor* qt) {
   st.setCasts(st.casts() + 1);
 }
 
+template <typename T>
+__global__ void addBiasKernel(T* d, const __nv_bfloat16* bias, int64_t n, int64_t cols) {
+  MT_GRID_STRIDE(i, n) d[i] = fromF32<T>(toF32(d[i]) + __bfloat162float(bias[i % cols]));
+}
+
 cudaDataType_t fp8Type(Fp8Format f) { return f == Fp8Format::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 
 }  // namespace
@@ -148,6 +153,23 @@ void fp8QuantizeOnDevice(Tensor& q, const Tensor& x, Fp8State& st, Tensor* trans
   if (x.dtype() == DType::kBF16) quantizeTyped<__nv_bfloat16>(q, x, st, transposed);
   else if (x.dtype() == DType::kF32) quantizeTyped<float>(q, x, st, transposed);
   else MT_CHECK(false, "fp8 cast of ", x.str(), ": f32 or bf16 only");
+}
+
+void fp8QuantizeReplayOnDevice(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed) {
+  MT_CHECK(st.values().device() == x.device(), "fp8 state on ", st.values().device().str(), " for ", x.str());
+  if (x.numel() == 0) return;
+  MT_CHECK(x.dtype() == DType::kBF16 || x.dtype() == DType::kF32, "fp8 cast of ", x.str(), ": f32 or bf16 only");
+  const int64_t C = x.ndim() ? x.dim(-1) : 1, R = x.numel() / C;
+  const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile), static_cast<unsigned>((R + kTile - 1) / kTile));
+  uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
+  float* v = st.values().data<float>();
+  if (x.dtype() == DType::kBF16)
+    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, currentStream()>>>(
+        static_cast<const __nv_bfloat16*>(x.rawData()), q.data<uint8_t>(), qt, R, C, v, st.format(), false);
+  else
+    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, currentStream()>>>(x.data<float>(), q.data<uint8_t>(), qt, R,
+                                                                        C, v, st.format(), false);
+  checkLaunch();
 }
 
 void fp8DequantizeOnDevice(Tensor& x, const Tensor& q, const Fp8State& st) {
@@ -189,17 +211,33 @@ void fp8GemmOnDevice(const Fp8GemmArgs& a) {
   g.cType = a.D->dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   g.fastAccum = a.fastAccum;
   Tensor biasCast;
+  const void* biasPtr = nullptr;
   if (a.bias) {
     g.epilogue = CUBLASLT_EPILOGUE_BIAS;
     if (a.bias->dtype() == DType::kBF16) {
-      g.bias = a.bias->rawData();
+      biasPtr = a.bias->rawData();
     } else {  // cuBLASLt's FP8 kernels take a bf16 bias (freed stream-ordered after the GEMM)
       biasCast = Tensor::empty(a.bias->shape(), DType::kBF16, a.bias->device());
       convertInto(biasCast, *a.bias);
-      g.bias = biasCast.rawData();
+      biasPtr = biasCast.rawData();
     }
+    g.bias = biasPtr;
   }
+  if (tryGemm(g)) return;
+  MT_CHECK(a.bias != nullptr, "cuBLASLt has no FP8 algorithm for GEMM M=", a.M, " N=", a.N, " K=", a.K);
+  // No FP8 kernel with this bias epilogue here: the GEMM, then the (bf16-rounded) bias added in f32.
+  g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  g.bias = nullptr;
   gemm(g);
+  const int64_t n = a.M * a.N;
+  if (a.D->dtype() == DType::kBF16)
+    addBiasKernel<<<gridFor1d(n), 256, 0, currentStream()>>>(static_cast<__nv_bfloat16*>(a.D->rawData()),
+                                                             static_cast<const __nv_bfloat16*>(biasPtr),
+                                                             n, a.N);
+  else
+    addBiasKernel<<<gridFor1d(n), 256, 0, currentStream()>>>(a.D->data<float>(),
+                                                             static_cast<const __nv_bfloat16*>(biasPtr), n, a.N);
+  checkLaunch();
 }
 
 }  // namespace mt::cuda

@@ -129,6 +129,13 @@ TEST(CudaFp8, QuantizeKernelsMatchTheEmulation) {
           }
           EXPECT_EQ(bad, 0) << what;
           expectStatesEqual(sc, sg, what);
+          // The replay (activation checkpointing's recomputation) makes the same codes, state untouched.
+          Tensor rg = Tensor::empty({R, C}, DType::kU8, gpu()), rtg = Tensor::empty({C, R}, DType::kU8, gpu());
+          fp8QuantizeReplay(rg, xg, sg, &rtg);
+          Tensor ra = rg.to(Device::cpu()), rb = rtg.to(Device::cpu());
+          EXPECT_EQ(memcmp(ra.rawData(), a.rawData(), R * C), 0) << what;
+          EXPECT_EQ(memcmp(rb.rawData(), b.rawData(), R * C), 0) << what;
+          expectStatesEqual(sc, sg, what + " after replay");
         }
       }
 }
@@ -150,6 +157,7 @@ TEST(CudaFp8, GemmMatchesTheEmulation) {
     float beta;
   };
   const Case cases[] = {{Fp8Format::kE4M3, Fp8Format::kE4M3, DType::kBF16, true, 0.f},
+                        {Fp8Format::kE4M3, Fp8Format::kE4M3, DType::kF32, true, 1.f},
                         {Fp8Format::kE5M2, Fp8Format::kE4M3, DType::kBF16, false, 0.f},
                         {Fp8Format::kE5M2, Fp8Format::kE4M3, DType::kF32, false, 1.f},
                         {Fp8Format::kE4M3, Fp8Format::kE5M2, DType::kF32, false, 0.f}};

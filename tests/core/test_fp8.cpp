@@ -200,6 +200,14 @@ TEST(Fp8, TransposedCastIsTheTransposeOfTheCast) {
   fp8Quantize(q, x, st, &qt);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t c = 0; c < C; ++c) EXPECT_EQ(q.data<uint8_t>()[r * C + c], qt.data<uint8_t>()[c * R + r]);
+  // A replay makes the same codes and leaves the state as it was.
+  const std::vector<float> before = st.read();
+  Tensor q2 = Tensor::empty({R, C}, DType::kU8), qt2 = Tensor::empty({C, R}, DType::kU8);
+  fp8QuantizeReplay(q2, x, st, &qt2);
+  EXPECT_EQ(memcmp(q2.rawData(), q.rawData(), R * C), 0);
+  EXPECT_EQ(memcmp(qt2.rawData(), qt.rawData(), R * C), 0);
+  EXPECT_EQ(st.read(), before);
+  EXPECT_EQ(st.casts(), 1);
   Tensor back = Tensor::empty({R, C}, DType::kF32);
   fp8Dequantize(back, q, st);
   for (int64_t i = 0; i < R * C; ++i)  // 3 mantissa bits: relative error at most 2^-4 (normals)
