@@ -150,6 +150,10 @@ class Fp8State {
   // Host copies (a device-to-host copy on CUDA: for tests and logs, not the training step).
   std::vector<float> read() const;
   void write(const std::vector<float>& v);
+  // Moves the values to device d (a copy; nothing when they are there).
+  void moveTo(Device d) {
+    if (values_.device() != d) values_ = values_.to(d);
+  }
   // Casts done with this state (host-side: decides the delayed recipe's first cast; checkpointed).
   int64_t casts() const { return casts_; }
   void setCasts(int64_t n) { casts_ = n; }

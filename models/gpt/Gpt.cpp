@@ -81,6 +81,12 @@ Gpt::Gpt(const GptConfig& cfg) : cfg_(cfg) {
     b.ln2->registerParams(params_, p + "ln_2.");
     b.fc->registerParams(params_, p + "mlp.c_fc.");
     b.fcProj->registerParams(params_, p + "mlp.c_proj.");
+    if (cfg.fp8.enabled) {
+      if (cfg.fp8Layers.qkv) b.qkv->enableFp8(cfg.fp8);
+      if (cfg.fp8Layers.proj) b.proj->enableFp8(cfg.fp8);
+      if (cfg.fp8Layers.fc) b.fc->enableFp8(cfg.fp8);
+      if (cfg.fp8Layers.fcProj) b.fcProj->enableFp8(cfg.fp8);
+    }
     blocks_.push_back(std::move(b));
   }
   params_.beginUnit(static_cast<int>(cfg.layers) + 1);
@@ -160,6 +166,15 @@ void Gpt::checkpoint(Block& b, const Tensor& x, const Tensor& qkvOut, const Tens
 // the GEMMs whose outputs it kept their recomputed inputs.
 void Gpt::recompute(Block& b, Context& ctx) {
   MT_CHECK(b.input.defined(), "gpt: a checkpointed block's backward without its forward");
+  // FP8 casts replay the forward's scales (the Linears' scaling states are not stepped again).
+  struct Replay {
+    Block& b;
+    explicit Replay(Block& bl) : b(bl) { set(true); }
+    ~Replay() { set(false); }
+    void set(bool on) {
+      for (Linear* l : {b.qkv.get(), b.proj.get(), b.fc.get(), b.fcProj.get()}) l->setRecomputing(on);
+    }
+  } replay(b);
   if (cfg_.checkpointing == ActivationCheckpointing::kBlocks) {
     Tensor x = b.input;
     b.input = Tensor();
@@ -176,6 +191,20 @@ void Gpt::recompute(Block& b, Context& ctx) {
   Tensor h2 = b.ln2->forward(x1, ctx);
   Tensor g = b.fc->forwardGelu(h2, ctx, &b.pre);
   b.fcProj->restoreInput(g, ctx);
+}
+
+std::vector<std::pair<std::string, Fp8State*>> Gpt::fp8States() {
+  std::vector<std::pair<std::string, Fp8State*>> out;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block& b = blocks_[l];
+    const std::pair<const char*, Linear*> layers[] = {
+        {"qkv", b.qkv.get()}, {"proj", b.proj.get()}, {"fc", b.fc.get()}, {"fcproj", b.fcProj.get()}};
+    for (const auto& [name, lin] : layers)
+      if (Fp8Linear* f = lin->fp8())
+        for (const auto& [tensor, st] : f->states())
+          out.emplace_back("h" + std::to_string(l) + "." + name + "." + tensor, st);
+  }
+  return out;
 }
 
 void Gpt::setPrecisionRoles() {

@@ -63,6 +63,12 @@ struct GptConfig {
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   int64_t checkpointEvery = 1;  // blocks 0, k, 2k, ... are checkpointed
   AttentionBackend attention = AttentionBackend::kAuto;  // the GPU's fused attention kernel (model.attention)
+  // FP8 training of the block Linears (train.precision = fp8): which of them, and how. Embeddings,
+  // LayerNorms, attention and the classifier stay in the matmul dtype (bf16 on the GPU, f32 on the CPU).
+  Fp8Training fp8;
+  struct Fp8Layers {
+    bool qkv = true, proj = true, fc = true, fcProj = true;
+  } fp8Layers;
   bool checkpointed(int64_t block) const {
     return checkpointing != ActivationCheckpointing::kNone && block % checkpointEvery == 0;
   }
@@ -99,6 +105,8 @@ class Gpt final : public Model {
   static ActivationPlan planActivations(const GptConfig& cfg, int64_t B, int64_t T, const PlanContext& pc,
                                         bool sharded);
   void clearActivations() override;
+  // "h<l>.<qkv|proj|fc|fcproj>.<x|w|dy>" for the blocks' FP8 Linears.
+  std::vector<std::pair<std::string, Fp8State*>> fp8States() override;
 
  private:
   struct Block {
