@@ -27,6 +27,12 @@ struct TrainState {
   int64_t scalerClean = 0;
   uint64_t seed = 0;
   std::string strategy = "no_shard";
+  // FP8 scaling states (train.precision = fp8; core/Fp8.h): the model's state names in order, and
+  // this rank's states packed as, per state, its cast count then the f32 bits of its values. On
+  // save, every rank's; on load, this rank's (rank 0's on another world size: amax values are
+  // per rank, as each rank scales its own activations).
+  std::vector<std::string> fp8Names;
+  std::vector<int64_t> fp8;
 };
 
 // What a checkpoint was trained on besides its state: a resume on another model is refused, on
@@ -61,6 +67,8 @@ struct CheckpointMeta {
   std::string compression;              // method whose per-rank state the files hold; "" none
   std::vector<CheckpointParam> params;
   std::vector<CheckpointFile> files;
+  // "fp8": every rank's packed FP8 state (TrainState::fp8), same length for all; empty: none.
+  std::vector<std::vector<int64_t>> fp8Ranks;
 
   // The JSON text of meta.json, with its checksum.
   std::string toJson() const;

@@ -14,6 +14,7 @@
 #include "core/Threads.h"
 #include "core/Timer.h"
 #include "core/optim/LossScaler.h"
+#include "launch/Fp8Checkpoint.h"
 #include "launch/Failure.h"
 #include "launch/NcclReport.h"
 #include "launch/SetupAgreement.h"
@@ -118,7 +119,8 @@ void Trainer::setupDevice() {
   // emulated 4-rank nodes on one 8-GPU machine are local rank 0 both, but need GPUs 0 and 4.
   cuda_ = std::make_unique<CudaRuntime>(mpi_.machineLocalRank() % n);
   device_ = cuda_->dev();
-  cuda_->setMatmulPrecision(s_.precision == "bf16"   ? MatmulPrecision::kBF16
+  // fp8: the block Linears multiply in FP8 (models/layers/Fp8Linear.h), everything else in bf16.
+  cuda_->setMatmulPrecision(s_.precision == "bf16" || s_.precision == "fp8" ? MatmulPrecision::kBF16
                             : s_.precision == "f16" ? MatmulPrecision::kF16
                                                     : MatmulPrecision::kF32);
   if (s_.memoryCapMb > 0) cuda_->allocator().setMemoryCap(static_cast<size_t>(s_.memoryCapMb) << 20);
@@ -290,6 +292,7 @@ void Trainer::resumeIfAny() {
   // loader_seq counts global batches of train.batch_size rows (any grad_accum_steps).
   loader_->seek(st.loaderSeq * s_.gradAccum);
   if (scaler_ && st.lossScale > 0) scaler_->setState(st.lossScale, st.scalerClean);
+  restoreFp8States(*model_, st, world_->rank() == 0, path);
   resumed_ = true;
   if (world_->rank() == 0)
     MT_LOG_INFO << "resumed from " << path << " at step " << startStep_ << " (written by " << st.strategy << " training)";
@@ -348,6 +351,7 @@ void Trainer::saveCheckpoint(int64_t stepsDone) {
     st.scalerClean = scaler_->cleanSteps();
   }
   st.strategy = parallelism_->strategyName();
+  packFp8States(*model_, st);
   Stopwatch took;
   ckpt_->save(st, *parallelism_, model_->params());
   if (metrics_) metrics_->checkpointWritten(stepsDone, took.elapsed());
