@@ -79,7 +79,8 @@ const EnumTable<Fp8Format>& fp8Formats() {
 const EnumTable<Fp8Recipe>& fp8Recipes() {
   static const EnumTable<Fp8Recipe> t = {
       {Fp8Recipe::kCurrent, "current", "scale from the amax of the tensor being cast"},
-      {Fp8Recipe::kDelayed, "delayed", "scale from the amax history of the previous casts (Transformer Engine)"}};
+      {Fp8Recipe::kDelayed, "delayed",
+       "scale from the amax history of the previous casts (Transformer Engine)"}};
   return t;
 }
 
@@ -134,7 +135,8 @@ void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
   uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
   if (x.dtype() == DType::kBF16)
     castLoop(q.data<uint8_t>(), qt, x.data<BFloat16>(), n, cols, v[Fp8State::kScale], st.format());
-  else castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, v[Fp8State::kScale], st.format());
+  else
+    castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, v[Fp8State::kScale], st.format());
   pushHistory(v, L, amax);
   st.setCasts(st.casts() + 1);
 }
@@ -154,8 +156,10 @@ void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* t
   }
   const float scale = st.values().data<float>()[Fp8State::kScale];
   uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
-  if (x.dtype() == DType::kBF16) castLoop(q.data<uint8_t>(), qt, x.data<BFloat16>(), n, cols, scale, st.format());
-  else castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, scale, st.format());
+  if (x.dtype() == DType::kBF16)
+    castLoop(q.data<uint8_t>(), qt, x.data<BFloat16>(), n, cols, scale, st.format());
+  else
+    castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, scale, st.format());
 }
 
 void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st) {
@@ -172,7 +176,8 @@ void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st) {
   float* xp = x.data<float>();
   const Fp8Format f = st.format();
   parallelFor(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) xp[i] = fp8ToFloat(qp[i], f) * inv;
+    for (int64_t i = lo; i < hi; ++i)
+      xp[i] = fp8ToFloat(qp[i], f) * inv;
   });
 }
 
@@ -180,7 +185,8 @@ void fp8Gemm(const Fp8GemmArgs& a) {
   MT_CHECK(a.A && a.B && a.D && a.sa && a.sb, "fp8 gemm: missing operand");
   MT_CHECK(a.A->numel() == a.M * a.K && a.B->numel() == a.N * a.K && a.D->numel() == a.M * a.N &&
                a.A->dtype() == DType::kU8 && a.B->dtype() == DType::kU8,
-           "fp8 gemm M=", a.M, " N=", a.N, " K=", a.K, ": A ", a.A->str(), " B ", a.B->str(), " D ", a.D->str());
+           "fp8 gemm M=", a.M, " N=", a.N, " K=", a.K, ": A ", a.A->str(), " B ", a.B->str(), " D ",
+           a.D->str());
   MT_CHECK(a.D->dtype() == DType::kF32 || a.D->dtype() == DType::kBF16, "fp8 gemm output ", a.D->str());
   if (a.D->device().isCuda()) {
 #ifdef MT_WITH_CUDA
@@ -195,7 +201,8 @@ void fp8Gemm(const Fp8GemmArgs& a) {
     const uint8_t* s = t.data<uint8_t>();
     float* d = out.data<float>();
     parallelFor(t.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) d[i] = fp8ToFloat(s[i], f);
+      for (int64_t i = lo; i < hi; ++i)
+        d[i] = fp8ToFloat(s[i], f);
     });
     return out;
   };
@@ -203,10 +210,12 @@ void fp8Gemm(const Fp8GemmArgs& a) {
   Tensor acc = Tensor::empty({a.M, a.N}, DType::kF32);
   gemmCpu(Trans::kNo, Trans::kYes, a.M, a.N, a.K, 1.f, fa.data<float>(), fb.data<float>(), 0.f,
           acc.data<float>());
-  const float s = a.sa->values().data<float>()[Fp8State::kScaleInv] * a.sb->values().data<float>()[Fp8State::kScaleInv];
+  const float s =
+      a.sa->values().data<float>()[Fp8State::kScaleInv] * a.sb->values().data<float>()[Fp8State::kScaleInv];
   const float* ap = acc.data<float>();
   const bool bf16 = a.D->dtype() == DType::kBF16;
-  MT_CHECK(!a.bias || (a.bias->numel() == a.N && (a.bias->dtype() == DType::kF32 || a.bias->dtype() == DType::kBF16)),
+  MT_CHECK(!a.bias || (a.bias->numel() == a.N &&
+                       (a.bias->dtype() == DType::kF32 || a.bias->dtype() == DType::kBF16)),
            "fp8 gemm bias ", a.bias ? a.bias->str() : "");
   // The bias as cuBLASLt's FP8 kernels read it: bf16.
   std::vector<float> biasValues(a.bias ? static_cast<size_t>(a.N) : 0);

@@ -56,7 +56,9 @@ const EnumTable<Fp8Recipe>& fp8Recipes();  // "current", "delayed"
 constexpr float kFp8E4M3Max = 448.f;
 constexpr float kFp8E5M2Max = 57344.f;
 constexpr uint8_t kFp8NaN = 0x7F;
-MT_FP8_HD inline float fp8Max(Fp8Format f) { return f == Fp8Format::kE4M3 ? kFp8E4M3Max : kFp8E5M2Max; }
+MT_FP8_HD inline float fp8Max(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? kFp8E4M3Max : kFp8E5M2Max;
+}
 
 // The cast, as __nv_cvt_float_to_fp8(x, __NV_SATFINITE, f). Works on the f32 bits: the value is
 // rounded in a format with f's mantissa width and an unbounded exponent, then saturated.
@@ -81,8 +83,10 @@ MT_FP8_HD inline uint8_t fp8FromFloat(float x, Fp8Format f) {
   if (rem > half || (rem == half && (q & 1u))) ++q;  // may carry into the next binade: still right
   // q counts units of 2^(max(e, minNormalExp) - mbits); code = biased exponent * 2^mbits + mantissa.
   uint32_t code;
-  if (e < minNormalExp) code = q;  // subnormal (q == 2^mbits is the smallest normal, same encoding)
-  else code = (static_cast<uint32_t>(e + bias) << mbits) + (q - (1u << mbits));
+  if (e < minNormalExp)
+    code = q;  // subnormal (q == 2^mbits is the smallest normal, same encoding)
+  else
+    code = (static_cast<uint32_t>(e + bias) << mbits) + (q - (1u << mbits));
   if (code > maxCode) code = maxCode;
   return static_cast<uint8_t>(sign | code);
 }
@@ -93,13 +97,17 @@ MT_FP8_HD inline float fp8ToFloat(uint8_t c, Fp8Format f) {
   const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
   const uint32_t exp = (c & 0x7fu) >> mbits, man = c & ((1u << mbits) - 1u);
   uint32_t u;
-  if (f == Fp8Format::kE4M3 && (c & 0x7fu) == 0x7fu) u = 0x7fc00000u;
-  else if (f == Fp8Format::kE5M2 && exp == 31) u = man ? 0x7fc00000u : 0x7f800000u;
-  else if (exp != 0) u = ((exp - bias + 127) << 23) | (man << (23 - mbits));
+  if (f == Fp8Format::kE4M3 && (c & 0x7fu) == 0x7fu)
+    u = 0x7fc00000u;
+  else if (f == Fp8Format::kE5M2 && exp == 31)
+    u = man ? 0x7fc00000u : 0x7f800000u;
+  else if (exp != 0)
+    u = ((exp - bias + 127) << 23) | (man << (23 - mbits));
   else {
     // subnormal: man * 2^(1 - bias - mbits), exact in f32
     float v = static_cast<float>(man);
-    for (int i = 0; i < bias - 1 + mbits; ++i) v *= 0.5f;
+    for (int i = 0; i < bias - 1 + mbits; ++i)
+      v *= 0.5f;
     memcpy(&u, &v, 4);
   }
   u |= sign;
@@ -114,7 +122,8 @@ MT_FP8_HD inline float fp8ScaleFrom(float amax, float prev, Fp8Format f, int mar
   if (!(amax > 0.f) || amax > 3.4028234663852886e38f) return prev;
   float s = fp8Max(f) / amax;
   float p = 1.f;
-  for (int i = 0; i < margin; ++i) p *= 2.f;
+  for (int i = 0; i < margin; ++i)
+    p *= 2.f;
   return s / p;
 }
 

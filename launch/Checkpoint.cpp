@@ -196,7 +196,8 @@ CheckpointMeta CheckpointManager::metaOf(const TrainState& st, Parallelism& par,
     else
       allFp8.copyFrom(mineFp8);
     const int64_t* p = allFp8.data<int64_t>();
-    for (int q = 0; q < W; ++q) m.fp8Ranks.emplace_back(p + q * n, p + (q + 1) * n);
+    for (int q = 0; q < W; ++q)
+      m.fp8Ranks.emplace_back(p + q * n, p + (q + 1) * n);
   }
   for (int q = 0; q < W; ++q)
     m.files.push_back({"rank" + std::to_string(q) + ".h5", static_cast<uint32_t>(all.data<int64_t>()[2 * q]),

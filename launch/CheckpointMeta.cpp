@@ -200,8 +200,9 @@ void parseFp8(const Fields& f, const Json& j, CheckpointMeta& m) {
     // Per state: the cast count, then [scale, scaleInv, amax] and 1..1024 history values.
     if (!v.is_array() || n == 0 || v.size() % n != 0 || v.size() / n < 5 || v.size() / n > 1028 ||
         (r > 0 && v.size() != m.fp8Ranks[0].size()))
-      f.fail(key, "must be a list of a whole number of states (5 to 1028 values each) per name, as long as "
-                  "fp8.ranks[0]");
+      f.fail(key,
+             "must be a list of a whole number of states (5 to 1028 values each) per name, as long as "
+             "fp8.ranks[0]");
     std::vector<int64_t> vals(v.size());
     const size_t per = v.size() / n;
     for (size_t k = 0; k < v.size(); ++k)

@@ -142,8 +142,9 @@ const std::vector<ConfigKey>& configSchema() {
              {{"f32", ""},
               {"bf16", "bf16 matmuls, f32 master weights"},
               {"f16", "plus dynamic loss scaling"},
-              {"fp8", "gpt: the block Linears (fp8.layers) multiply in FP8 with per-tensor scaling (fp8.*), the "
-                      "rest as bf16; on the CPU the FP8 rounding is emulated around f32"}}),
+              {"fp8",
+               "gpt: the block Linears (fp8.layers) multiply in FP8 with per-tensor scaling (fp8.*), the "
+               "rest as bf16; on the CPU the FP8 rounding is emulated around f32"}}),
       integer("train.memory_cap_mb", "0", kNonNegative,
               "cuda: cap on GPU memory the caching allocator may reserve (0: none)"),
       real("train.grad_clip", "0", kNonNegative, "clip the global gradient norm to this (0: off)"),
@@ -192,8 +193,10 @@ const std::vector<ConfigKey>& configSchema() {
       // fp8 (train.precision = fp8)
       choice("fp8.recipe", "delayed", choicesOf(fp8Recipes()),
              "per-tensor scales fp8_max / amax / 2^fp8.margin (core/Fp8.h)"),
-      integer("fp8.amax_history", "16", within(1, 1024, false, false), "delayed: casts whose amax the scale covers"),
-      integer("fp8.margin", "0", within(0, 16, false, false), "scales divided by 2^margin (headroom for growth)"),
+      integer("fp8.amax_history", "16", within(1, 1024, false, false),
+              "delayed: casts whose amax the scale covers"),
+      integer("fp8.margin", "0", within(0, 16, false, false),
+              "scales divided by 2^margin (headroom for growth)"),
       choice("fp8.grad_format", "e5m2", choicesOf(fp8Formats()),
              "format of the output gradients in backward (activations and weights are e4m3)"),
       text("fp8.layers", "qkv,proj,fc,fcproj",

@@ -32,7 +32,8 @@ E enumOf(const Config& c, const std::string& key, const EnumTable<E>& table) {
 void readFp8(const Config& c, const std::string& modelType, Settings& s) {
   Fp8Training& f = s.gpt.fp8;
   f.enabled = s.precision == "fp8";
-  if (f.enabled && modelType != "gpt") c.fail("train.precision", "fp8 trains the GPT's block Linears: needs model.type = gpt");
+  if (f.enabled && modelType != "gpt")
+    c.fail("train.precision", "fp8 trains the GPT's block Linears: needs model.type = gpt");
   f.options.recipe = enumOf(c, "fp8.recipe", fp8Recipes());
   f.options.historyLength = static_cast<int>(c.i64("fp8.amax_history"));
   f.options.margin = static_cast<int>(c.i64("fp8.margin"));
@@ -42,12 +43,17 @@ void readFp8(const Config& c, const std::string& modelType, Settings& s) {
   std::stringstream ss(c.str("fp8.layers"));
   std::string name;
   while (std::getline(ss, name, ',')) {
-    if (name == "qkv") l.qkv = true;
-    else if (name == "proj") l.proj = true;
-    else if (name == "fc") l.fc = true;
-    else if (name == "fcproj") l.fcProj = true;
+    if (name == "qkv")
+      l.qkv = true;
+    else if (name == "proj")
+      l.proj = true;
+    else if (name == "fc")
+      l.fc = true;
+    else if (name == "fcproj")
+      l.fcProj = true;
     else if (!name.empty())
-      c.fail("fp8.layers", "unknown layer '" + name + "' (expected a comma-separated list of qkv, proj, fc, fcproj)");
+      c.fail("fp8.layers",
+             "unknown layer '" + name + "' (expected a comma-separated list of qkv, proj, fc, fcproj)");
   }
 }
 }  // namespace

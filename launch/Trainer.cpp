@@ -14,8 +14,8 @@
 #include "core/Threads.h"
 #include "core/Timer.h"
 #include "core/optim/LossScaler.h"
-#include "launch/Fp8Checkpoint.h"
 #include "launch/Failure.h"
+#include "launch/Fp8Checkpoint.h"
 #include "launch/NcclReport.h"
 #include "launch/SetupAgreement.h"
 #include "models/layers/SoftmaxCrossEntropy.h"
@@ -121,8 +121,8 @@ void Trainer::setupDevice() {
   device_ = cuda_->dev();
   // fp8: the block Linears multiply in FP8 (models/layers/Fp8Linear.h), everything else in bf16.
   cuda_->setMatmulPrecision(s_.precision == "bf16" || s_.precision == "fp8" ? MatmulPrecision::kBF16
-                            : s_.precision == "f16" ? MatmulPrecision::kF16
-                                                    : MatmulPrecision::kF32);
+                            : s_.precision == "f16"                         ? MatmulPrecision::kF16
+                                                                            : MatmulPrecision::kF32);
   if (s_.memoryCapMb > 0) cuda_->allocator().setMemoryCap(static_cast<size_t>(s_.memoryCapMb) << 20);
   if (s_.precision == "f16") scaler_ = std::make_unique<LossScaler>();
   MT_LOG_DEBUG << "rank " << mpi_.rank() << " on GPU " << cuda_->device() << " (" << cuda_->deviceName() << ")";

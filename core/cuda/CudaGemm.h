@@ -25,10 +25,10 @@ struct GemmCall {
   void* C = nullptr;                 // D, and C unless Cin is set
   const void* Cin = nullptr;         // C (read when beta != 0) when it is not D
   cudaDataType_t abType = CUDA_R_32F;
-  cudaDataType_t bType = kSameAsA;   // B's type when it is not A's (FP8: E5M2 x E4M3)
-  const float* scaleA = nullptr;     // FP8: device pointers to A's / B's dequantization scales,
-  const float* scaleB = nullptr;     // which multiply the f32 accumulator
-  bool fastAccum = false;            // FP8: CUBLASLT_MATMUL_DESC_FAST_ACCUM
+  cudaDataType_t bType = kSameAsA;  // B's type when it is not A's (FP8: E5M2 x E4M3)
+  const float* scaleA = nullptr;    // FP8: device pointers to A's / B's dequantization scales,
+  const float* scaleB = nullptr;    // which multiply the f32 accumulator
+  bool fastAccum = false;           // FP8: CUBLASLT_MATMUL_DESC_FAST_ACCUM
   cudaDataType_t cType = CUDA_R_32F;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;        // [N] (per output column of C): BIAS/GELU_BIAS input, BGRAD output

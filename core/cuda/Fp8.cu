@@ -44,7 +44,8 @@ __device__ inline void blockAmaxAtomic(float v, float* amax) {
   if (threadIdx.x == 0 && threadIdx.y == 0) sh = 0;
   __syncthreads();
   unsigned int b = __float_as_uint(v);
-  for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+  for (int o = 16; o > 0; o >>= 1)
+    b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
   if ((threadIdx.x % 32) == 0) atomicMax(&sh, b);
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) amaxAtomic(amax, __uint_as_float(sh));
@@ -60,8 +61,8 @@ __global__ void amaxKernel(const T* x, int64_t n, float* state) {
 // x viewed as [R, C]: q[r, c] and (when qt) qt[c, r] = fp8(x[r, c] * scale); amax of x fused when
 // withAmax (the delayed recipe: the scale came from the history, the amax is this tensor's).
 template <typename T>
-__global__ void castKernel(const T* x, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
-                           bool withAmax) {
+__global__ void castKernel(const T* x, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state,
+                           Fp8Format f, bool withAmax) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float scale = state[Fp8State::kScale];
   const int64_t c = blockIdx.x * static_cast<int64_t>(kTile) + threadIdx.x;
@@ -128,10 +129,11 @@ void quantizeTyped(Tensor& q, const Tensor& x, Fp8State& st, Tensor* qt) {
   checkLaunch();
   MT_CHECK((C + kTile - 1) / kTile < (1ll << 31) && (R + kTile - 1) / kTile <= 65535, "fp8 cast of ", x.str(),
            ": more than 65535 x 32 rows");
-  const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile), static_cast<unsigned>((R + kTile - 1) / kTile));
+  const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile),
+                  static_cast<unsigned>((R + kTile - 1) / kTile));
   castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(static_cast<const T*>(x.rawData()), q.data<uint8_t>(),
-                                                      qt ? qt->data<uint8_t>() : nullptr, R, C, v, st.format(),
-                                                      delayed);
+                                                        qt ? qt->data<uint8_t>() : nullptr, R, C, v,
+                                                        st.format(), delayed);
   checkLaunch();
   pushKernel<<<1, 1, 0, s>>>(v, o.historyLength);
   checkLaunch();
@@ -143,32 +145,39 @@ __global__ void addBiasKernel(T* d, const __nv_bfloat16* bias, int64_t n, int64_
   MT_GRID_STRIDE(i, n) d[i] = fromF32<T>(toF32(d[i]) + __bfloat162float(bias[i % cols]));
 }
 
-cudaDataType_t fp8Type(Fp8Format f) { return f == Fp8Format::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+cudaDataType_t fp8Type(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
 
 }  // namespace
 
 void fp8QuantizeOnDevice(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
   MT_CHECK(st.values().device() == x.device(), "fp8 state on ", st.values().device().str(), " for ", x.str());
   if (x.numel() == 0) return;
-  if (x.dtype() == DType::kBF16) quantizeTyped<__nv_bfloat16>(q, x, st, transposed);
-  else if (x.dtype() == DType::kF32) quantizeTyped<float>(q, x, st, transposed);
-  else MT_CHECK(false, "fp8 cast of ", x.str(), ": f32 or bf16 only");
+  if (x.dtype() == DType::kBF16)
+    quantizeTyped<__nv_bfloat16>(q, x, st, transposed);
+  else if (x.dtype() == DType::kF32)
+    quantizeTyped<float>(q, x, st, transposed);
+  else
+    MT_CHECK(false, "fp8 cast of ", x.str(), ": f32 or bf16 only");
 }
 
 void fp8QuantizeReplayOnDevice(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed) {
   MT_CHECK(st.values().device() == x.device(), "fp8 state on ", st.values().device().str(), " for ", x.str());
   if (x.numel() == 0) return;
-  MT_CHECK(x.dtype() == DType::kBF16 || x.dtype() == DType::kF32, "fp8 cast of ", x.str(), ": f32 or bf16 only");
+  MT_CHECK(x.dtype() == DType::kBF16 || x.dtype() == DType::kF32, "fp8 cast of ", x.str(),
+           ": f32 or bf16 only");
   const int64_t C = x.ndim() ? x.dim(-1) : 1, R = x.numel() / C;
-  const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile), static_cast<unsigned>((R + kTile - 1) / kTile));
+  const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile),
+                  static_cast<unsigned>((R + kTile - 1) / kTile));
   uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
   float* v = st.values().data<float>();
   if (x.dtype() == DType::kBF16)
     castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, currentStream()>>>(
         static_cast<const __nv_bfloat16*>(x.rawData()), q.data<uint8_t>(), qt, R, C, v, st.format(), false);
   else
-    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, currentStream()>>>(x.data<float>(), q.data<uint8_t>(), qt, R,
-                                                                        C, v, st.format(), false);
+    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, currentStream()>>>(x.data<float>(), q.data<uint8_t>(),
+                                                                        qt, R, C, v, st.format(), false);
   checkLaunch();
 }
 
@@ -176,12 +185,13 @@ void fp8DequantizeOnDevice(Tensor& x, const Tensor& q, const Fp8State& st) {
   const int64_t n = x.numel();
   if (n == 0) return;
   dequantizeKernel<<<gridFor1d(n), 256, 0, currentStream()>>>(q.data<uint8_t>(), x.data<float>(), n,
-                                                             st.values().data<float>(), st.format());
+                                                              st.values().data<float>(), st.format());
   checkLaunch();
 }
 
 void fp8CastIntrinsic(Tensor& q, const Tensor& x, Fp8Format f) {
-  MT_CHECK(x.dtype() == DType::kF32 && q.dtype() == DType::kU8 && q.numel() == x.numel(), "fp8 cast ", x.str());
+  MT_CHECK(x.dtype() == DType::kF32 && q.dtype() == DType::kU8 && q.numel() == x.numel(), "fp8 cast ",
+           x.str());
   const int64_t n = x.numel();
   if (n == 0) return;
   intrinsicKernel<<<gridFor1d(n), 256, 0, currentStream()>>>(x.data<float>(), q.data<uint8_t>(), n, f);
@@ -231,12 +241,11 @@ void fp8GemmOnDevice(const Fp8GemmArgs& a) {
   gemm(g);
   const int64_t n = a.M * a.N;
   if (a.D->dtype() == DType::kBF16)
-    addBiasKernel<<<gridFor1d(n), 256, 0, currentStream()>>>(static_cast<__nv_bfloat16*>(a.D->rawData()),
-                                                             static_cast<const __nv_bfloat16*>(biasPtr),
-                                                             n, a.N);
+    addBiasKernel<<<gridFor1d(n), 256, 0, currentStream()>>>(
+        static_cast<__nv_bfloat16*>(a.D->rawData()), static_cast<const __nv_bfloat16*>(biasPtr), n, a.N);
   else
-    addBiasKernel<<<gridFor1d(n), 256, 0, currentStream()>>>(a.D->data<float>(),
-                                                             static_cast<const __nv_bfloat16*>(biasPtr), n, a.N);
+    addBiasKernel<<<gridFor1d(n), 256, 0, currentStream()>>>(
+        a.D->data<float>(), static_cast<const __nv_bfloat16*>(biasPtr), n, a.N);
   checkLaunch();
 }
 

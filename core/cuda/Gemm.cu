@@ -29,9 +29,10 @@ struct PlanKey {
   uint32_t alignA, alignB, alignC, alignBias;  // algorithms differ by operand alignment
   bool operator<(const PlanKey& o) const {
     return std::tie(ta, tb, M, N, K, ab, bt, c, epi, biasType, hasBeta, scaled, fastAccum, batch, sA, sB, sC,
-                    ldAux, alignA, alignB, alignC, alignBias) <
-           std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ab, o.bt, o.c, o.epi, o.biasType, o.hasBeta, o.scaled,
-                    o.fastAccum, o.batch, o.sA, o.sB, o.sC, o.ldAux, o.alignA, o.alignB, o.alignC, o.alignBias);
+                    ldAux, alignA, alignB, alignC,
+                    alignBias) < std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ab, o.bt, o.c, o.epi, o.biasType,
+                                          o.hasBeta, o.scaled, o.fastAccum, o.batch, o.sA, o.sB, o.sC,
+                                          o.ldAux, o.alignA, o.alignB, o.alignC, o.alignBias);
   }
 };
 
@@ -62,11 +63,11 @@ void setBatch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
 // FP8 scales: Lt's A is our B, so our B's scale is its A scale.
 void setScalePointers(cublasLtMatmulDesc_t op, const GemmCall& g) {
   if (g.scaleB)
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.scaleB, sizeof(g.scaleB)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.scaleB,
+                                                sizeof(g.scaleB)));
   if (g.scaleA)
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.scaleA, sizeof(g.scaleA)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.scaleA,
+                                                sizeof(g.scaleA)));
 }
 
 uint32_t alignmentOf(const void* p) {

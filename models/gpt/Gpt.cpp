@@ -172,7 +172,8 @@ void Gpt::recompute(Block& b, Context& ctx) {
     explicit Replay(Block& bl) : b(bl) { set(true); }
     ~Replay() { set(false); }
     void set(bool on) {
-      for (Linear* l : {b.qkv.get(), b.proj.get(), b.fc.get(), b.fcProj.get()}) l->setRecomputing(on);
+      for (Linear* l : {b.qkv.get(), b.proj.get(), b.fc.get(), b.fcProj.get()})
+        l->setRecomputing(on);
     }
   } replay(b);
   if (cfg_.checkpointing == ActivationCheckpointing::kBlocks) {

@@ -148,7 +148,8 @@ void colSumInto(Tensor& db, const Tensor& dyRaw, int64_t N, int64_t O) {
   dim3 grid(static_cast<unsigned>((O + 255) / 256), static_cast<unsigned>(chunks));
   dispatchFloat(dyRaw.dtype(), [&](auto t) {
     using T = decltype(t);
-    colSumPartial<<<grid, 256, 0, currentStream()>>>(static_cast<const T*>(dyRaw.rawData()), part.data<float>(), N, O);
+    colSumPartial<<<grid, 256, 0, currentStream()>>>(static_cast<const T*>(dyRaw.rawData()),
+                                                     part.data<float>(), N, O);
   });
   colSumFinal<<<static_cast<unsigned>((O + 31) / 32), 32 * kColReduceRows, 0, currentStream()>>>(
       part.data<float>(), db.data<float>(), chunks, O);

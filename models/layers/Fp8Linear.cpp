@@ -13,7 +13,9 @@ namespace mt {
 
 namespace {
 
-Tensor codes(const Shape& s, Device d) { return Tensor::empty(s, DType::kU8, d); }
+Tensor codes(const Shape& s, Device d) {
+  return Tensor::empty(s, DType::kU8, d);
+}
 
 Fp8GemmArgs gemmArgs(int64_t M, int64_t N, int64_t K, const Tensor& A, Fp8Format fa, const Fp8State& sa,
                      const Tensor& B, Fp8Format fb, const Fp8State& sb, Tensor& D) {
@@ -40,7 +42,8 @@ void linearBiasGrad(Tensor& db, const Tensor& dy) {
   parallelFor(O, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t o = lo; o < hi; ++o) {
       double acc = 0.0;  // f64 so the column sum does not depend on the batch split
-      for (int64_t n = 0; n < N; ++n) acc += dyp[n * O + o];
+      for (int64_t n = 0; n < N; ++n)
+        acc += dyp[n * O + o];
       dbp[o] += static_cast<float>(acc);
     }
   });

@@ -38,11 +38,13 @@ class Fp8Linear {
   static bool supports(int64_t rows, int64_t in, int64_t out, Device d);
   // y = x W^T + b (+ residual, y's shape and dtype; y may be f32 or bf16). kTrain and kReplay keep
   // x^T and W^T for backward.
-  void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual, Mode mode);
+  void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual,
+               Mode mode);
   // What forward(kReplay) keeps, without the GEMM (the layer's output was kept).
   void restore(const Tensor& x, const Tensor& w);
   // dx (optional, f32 or bf16) overwritten; dw, db accumulate. dyColSum: colsum(dy) already made.
-  void backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w, const Tensor* dyColSum);
+  void backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
+                const Tensor* dyColSum);
   bool holdsCache() const { return xt_.defined(); }
   void clear() {
     xt_ = Tensor();
@@ -50,7 +52,9 @@ class Fp8Linear {
   }
   int64_t cachedBytes() const;
   // x, w, dy: the layer's scaling states (checkpointed; moved to the tensors' device at first use).
-  std::vector<std::pair<std::string, Fp8State*>> states() { return {{"x", &sx_}, {"w", &sw_}, {"dy", &sdy_}}; }
+  std::vector<std::pair<std::string, Fp8State*>> states() {
+    return {{"x", &sx_}, {"w", &sw_}, {"dy", &sdy_}};
+  }
 
  private:
   void onDevice(Device d);

@@ -101,7 +101,9 @@ class Linear : public Module {
   // Whether this forward takes the FP8 path (enabled and a shape cuBLASLt's FP8 kernels take).
   bool fp8For(const Tensor& x) const;
   Fp8Linear::Mode fp8Mode(const Context& ctx) const {
-    return !ctx.training ? Fp8Linear::Mode::kEval : recomputing_ ? Fp8Linear::Mode::kReplay : Fp8Linear::Mode::kTrain;
+    return !ctx.training  ? Fp8Linear::Mode::kEval
+           : recomputing_ ? Fp8Linear::Mode::kReplay
+                          : Fp8Linear::Mode::kTrain;
   }
 };
 

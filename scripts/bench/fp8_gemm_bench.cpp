@@ -47,7 +47,8 @@ std::vector<int64_t> parseList(const std::string& s) {
   std::vector<int64_t> out;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
+  while (std::getline(ss, item, ','))
+    out.push_back(std::stoll(item));
   return out;
 }
 
@@ -59,21 +60,28 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw ConfigError(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--widths") o.widths = parseList(next());
-    else if (a == "--tokens") o.tokens = std::stoll(next());
-    else if (a == "--reps") o.reps = std::stoi(next());
-    else throw ConfigError("unknown argument " + a + " (--widths, --tokens, --reps)");
+    if (a == "--widths")
+      o.widths = parseList(next());
+    else if (a == "--tokens")
+      o.tokens = std::stoll(next());
+    else if (a == "--reps")
+      o.reps = std::stoi(next());
+    else
+      throw ConfigError("unknown argument " + a + " (--widths, --tokens, --reps)");
   }
-  if (o.reps < 1 || o.tokens < 16 || o.tokens % 16) throw ConfigError("--reps >= 1, --tokens a multiple of 16");
+  if (o.reps < 1 || o.tokens < 16 || o.tokens % 16)
+    throw ConfigError("--reps >= 1, --tokens a multiple of 16");
   for (int64_t w : o.widths)
-    if (w < 16 || w % 16) throw ConfigError("--widths: multiples of 16 (cuBLASLt's FP8 rule), got " + std::to_string(w));
+    if (w < 16 || w % 16)
+      throw ConfigError("--widths: multiples of 16 (cuBLASLt's FP8 rule), got " + std::to_string(w));
   return o;
 }
 
 // Median milliseconds of fn over reps runs after 3 warm-ups, timed with events on the stream.
 double medianMs(const std::function<void()>& fn, int reps) {
   cudaStream_t s = currentStream();
-  for (int i = 0; i < 3; ++i) fn();
+  for (int i = 0; i < 3; ++i)
+    fn();
   cudaEvent_t a, b;
   CUDA_CHECK(cudaEventCreate(&a));
   CUDA_CHECK(cudaEventCreate(&b));
@@ -109,7 +117,9 @@ struct Row {
   double bf16Ms[3], fp8Ms[3], castMs;
 };
 
-double tflops(int64_t m, int64_t n, int64_t k, double ms) { return 2.0 * m * n * k / (ms * 1e-3) / 1e12; }
+double tflops(int64_t m, int64_t n, int64_t k, double ms) {
+  return 2.0 * m * n * k / (ms * 1e-3) / 1e12;
+}
 
 Row measure(int64_t width, const std::string& layer, int64_t M, int64_t O, int64_t I, int reps, Device dev) {
   Row r{width, M, O, I, layer, {}, {}, 0};
@@ -117,8 +127,8 @@ Row measure(int64_t width, const std::string& layer, int64_t M, int64_t O, int64
   Tensor dy = randomish({M, O}, 1e-3f, DType::kBF16, dev);
   Tensor y = Tensor::empty({M, O}, DType::kBF16, dev), dx = Tensor::empty({M, I}, DType::kBF16, dev);
   Tensor dw = Tensor::zeros({O, I}, DType::kF32, dev);
-  auto call = [](const Tensor& a, const Tensor& b, Tensor& c, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
-                 float beta) {
+  auto call = [](const Tensor& a, const Tensor& b, Tensor& c, Trans ta, Trans tb, int64_t m, int64_t n,
+                 int64_t k, float beta) {
     cuda::GemmCall g;
     g.transA = ta, g.transB = tb, g.M = m, g.N = n, g.K = k, g.beta = beta;
     g.A = a.rawData(), g.B = b.rawData(), g.C = c.rawData();
@@ -176,22 +186,27 @@ int main(int argc, char** argv) {
       for (const auto& l : layers) {
         const Row r = measure(c, l.name, opt.tokens, l.O, l.I, opt.reps, dev);
         const int64_t M = r.M, O = r.O, I = r.I;
-        const double tb[3] = {tflops(M, O, I, r.bf16Ms[0]), tflops(M, I, O, r.bf16Ms[1]), tflops(O, I, M, r.bf16Ms[2])};
-        const double tf[3] = {tflops(M, O, I, r.fp8Ms[0]), tflops(M, I, O, r.fp8Ms[1]), tflops(O, I, M, r.fp8Ms[2])};
+        const double tb[3] = {tflops(M, O, I, r.bf16Ms[0]), tflops(M, I, O, r.bf16Ms[1]),
+                              tflops(O, I, M, r.bf16Ms[2])};
+        const double tf[3] = {tflops(M, O, I, r.fp8Ms[0]), tflops(M, I, O, r.fp8Ms[1]),
+                              tflops(O, I, M, r.fp8Ms[2])};
         const double bStep = r.bf16Ms[0] + r.bf16Ms[1] + r.bf16Ms[2];
         const double fStep = r.fp8Ms[0] + r.fp8Ms[1] + r.fp8Ms[2];
-        std::printf("%6lld %-7s %6lld %6lld | %6.0f %6.0f %6.0f     | %6.0f %6.0f %6.0f     | %8.3f %8.3f %8.3f %6.2f\n",
-                    static_cast<long long>(c), l.name, static_cast<long long>(O), static_cast<long long>(I), tb[0],
-                    tb[1], tb[2], tf[0], tf[1], tf[2], bStep, fStep, fStep + r.castMs, bStep / (fStep + r.castMs));
+        std::printf(
+            "%6lld %-7s %6lld %6lld | %6.0f %6.0f %6.0f     | %6.0f %6.0f %6.0f     | %8.3f %8.3f %8.3f "
+            "%6.2f\n",
+            static_cast<long long>(c), l.name, static_cast<long long>(O), static_cast<long long>(I), tb[0],
+            tb[1], tb[2], tf[0], tf[1], tf[2], bStep, fStep, fStep + r.castMs, bStep / (fStep + r.castMs));
         rows.push_back(r);
       }
     }
     for (const Row& r : rows)
-      std::printf("{\"width\":%lld,\"layer\":\"%s\",\"M\":%lld,\"O\":%lld,\"I\":%lld,\"bf16_ms\":[%.4f,%.4f,%.4f],"
-                  "\"fp8_ms\":[%.4f,%.4f,%.4f],\"fp8_cast_ms\":%.4f}\n",
-                  static_cast<long long>(r.width), r.layer.c_str(), static_cast<long long>(r.M),
-                  static_cast<long long>(r.O), static_cast<long long>(r.I), r.bf16Ms[0], r.bf16Ms[1], r.bf16Ms[2],
-                  r.fp8Ms[0], r.fp8Ms[1], r.fp8Ms[2], r.castMs);
+      std::printf(
+          "{\"width\":%lld,\"layer\":\"%s\",\"M\":%lld,\"O\":%lld,\"I\":%lld,\"bf16_ms\":[%.4f,%.4f,%.4f],"
+          "\"fp8_ms\":[%.4f,%.4f,%.4f],\"fp8_cast_ms\":%.4f}\n",
+          static_cast<long long>(r.width), r.layer.c_str(), static_cast<long long>(r.M),
+          static_cast<long long>(r.O), static_cast<long long>(r.I), r.bf16Ms[0], r.bf16Ms[1], r.bf16Ms[2],
+          r.fp8Ms[0], r.fp8Ms[1], r.fp8Ms[2], r.castMs);
     return 0;
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "fp8_gemm_bench: %s\n", e.what());

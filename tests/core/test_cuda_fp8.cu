@@ -22,7 +22,9 @@
 namespace mt {
 namespace {
 
-Device gpu() { return Device::cuda(CudaRuntime::require().device()); }
+Device gpu() {
+  return Device::cuda(CudaRuntime::require().device());
+}
 
 __global__ void allFloatsKernel(uint64_t begin, uint64_t count, Fp8Format f, unsigned long long* bad,
                                 unsigned int* firstBad) {
@@ -97,7 +99,8 @@ Tensor wave(int64_t R, int64_t C, float amp, int seed, DType t) {
 void expectStatesEqual(const Fp8State& cpu, const Fp8State& dev, const std::string& what) {
   const std::vector<float> a = cpu.read(), b = dev.read();
   ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], std::fabs(a[i]) * 1e-6) << what << " state[" << i << "]";
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(b[i], a[i], std::fabs(a[i]) * 1e-6) << what << " state[" << i << "]";
   EXPECT_EQ(cpu.casts(), dev.casts());
 }
 
@@ -113,13 +116,15 @@ TEST(CudaFp8, QuantizeKernelsMatchTheEmulation) {
         Fp8State sc(f, o, Device::cpu()), sg(f, o, gpu());
         const float amps[] = {1.f, 30.f, 0.01f, 5.f, 0.f, 200.f};
         for (int step = 0; step < 6; ++step) {
-          const std::string what = std::string(enumName(fp8Recipes(), recipe)) + " " + enumName(fp8Formats(), f) +
-                                   " " + dtypeName(t) + " step " + std::to_string(step);
+          const std::string what = std::string(enumName(fp8Recipes(), recipe)) + " " +
+                                   enumName(fp8Formats(), f) + " " + dtypeName(t) + " step " +
+                                   std::to_string(step);
           Tensor x = wave(R, C, amps[step], step, t);
           Tensor qc = Tensor::empty({R, C}, DType::kU8), qtc = Tensor::empty({C, R}, DType::kU8);
           fp8Quantize(qc, x, sc, &qtc);
           Tensor xg = x.to(gpu());
-          Tensor qg = Tensor::empty({R, C}, DType::kU8, gpu()), qtg = Tensor::empty({C, R}, DType::kU8, gpu());
+          Tensor qg = Tensor::empty({R, C}, DType::kU8, gpu()),
+                 qtg = Tensor::empty({C, R}, DType::kU8, gpu());
           fp8Quantize(qg, xg, sg, &qtg);
           Tensor a = qg.to(Device::cpu()), b = qtg.to(Device::cpu());
           int64_t bad = 0;
@@ -130,7 +135,8 @@ TEST(CudaFp8, QuantizeKernelsMatchTheEmulation) {
           EXPECT_EQ(bad, 0) << what;
           expectStatesEqual(sc, sg, what);
           // The replay (activation checkpointing's recomputation) makes the same codes, state untouched.
-          Tensor rg = Tensor::empty({R, C}, DType::kU8, gpu()), rtg = Tensor::empty({C, R}, DType::kU8, gpu());
+          Tensor rg = Tensor::empty({R, C}, DType::kU8, gpu()),
+                 rtg = Tensor::empty({C, R}, DType::kU8, gpu());
           fp8QuantizeReplay(rg, xg, sg, &rtg);
           Tensor ra = rg.to(Device::cpu()), rb = rtg.to(Device::cpu());
           EXPECT_EQ(memcmp(ra.rawData(), a.rawData(), R * C), 0) << what;
@@ -143,7 +149,8 @@ TEST(CudaFp8, QuantizeKernelsMatchTheEmulation) {
 double maxAbs(const Tensor& t) {
   double m = 0;
   for (int64_t i = 0; i < t.numel(); ++i) {
-    const double v = t.dtype() == DType::kBF16 ? static_cast<float>(t.data<BFloat16>()[i]) : t.data<float>()[i];
+    const double v =
+        t.dtype() == DType::kBF16 ? static_cast<float>(t.data<BFloat16>()[i]) : t.data<float>()[i];
     m = std::max(m, std::fabs(v));
   }
   return m;
@@ -188,12 +195,14 @@ TEST(CudaFp8, GemmMatchesTheEmulation) {
     const double scale = maxAbs(dc);
     double worst = 0;
     for (int64_t i = 0; i < M * N; ++i) {
-      const double x = c.out == DType::kBF16 ? static_cast<float>(got.data<BFloat16>()[i]) : got.data<float>()[i];
-      const double y = c.out == DType::kBF16 ? static_cast<float>(dc.data<BFloat16>()[i]) : dc.data<float>()[i];
+      const double x =
+          c.out == DType::kBF16 ? static_cast<float>(got.data<BFloat16>()[i]) : got.data<float>()[i];
+      const double y =
+          c.out == DType::kBF16 ? static_cast<float>(dc.data<BFloat16>()[i]) : dc.data<float>()[i];
       worst = std::max(worst, std::fabs(x - y) / scale);
     }
-    std::printf("fp8 gemm %s x %s -> %s: worst |gpu - emulation| / max = %.3g\n", enumName(fp8Formats(), c.fa),
-                enumName(fp8Formats(), c.fb), dtypeName(c.out), worst);
+    std::printf("fp8 gemm %s x %s -> %s: worst |gpu - emulation| / max = %.3g\n",
+                enumName(fp8Formats(), c.fa), enumName(fp8Formats(), c.fb), dtypeName(c.out), worst);
     // f32: summation order only; bf16: one output rounding apart where the f32 sums straddle it.
     EXPECT_LT(worst, c.out == DType::kBF16 ? 1.0 / 128 : 1e-5);
   }

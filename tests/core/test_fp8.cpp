@@ -67,8 +67,10 @@ TEST(Fp8, DecodeMatchesTheFormatDefinition) {
     for (int c = 0; c < 256; ++c) {
       const double want = refDecode(static_cast<uint8_t>(c), f);
       const float got = fp8ToFloat(static_cast<uint8_t>(c), f);
-      if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << c;
-      else EXPECT_EQ(static_cast<double>(got), want) << enumName(fp8Formats(), f) << " code " << c;
+      if (std::isnan(want))
+        EXPECT_TRUE(std::isnan(got)) << c;
+      else
+        EXPECT_EQ(static_cast<double>(got), want) << enumName(fp8Formats(), f) << " code " << c;
     }
   EXPECT_EQ(fp8ToFloat(0x7E, Fp8Format::kE4M3), 448.f);
   EXPECT_EQ(fp8ToFloat(0x7B, Fp8Format::kE5M2), 57344.f);
@@ -92,7 +94,8 @@ TEST(Fp8, CastOfAStridedSweepOfAllFloats) {
   for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
     const RefTable ref(f);
     int failures = 0;
-    for (uint64_t u = 0; u <= 0xffffffffull; u += 509) expectCast(ref, f, fromBits(static_cast<uint32_t>(u)), &failures);
+    for (uint64_t u = 0; u <= 0xffffffffull; u += 509)
+      expectCast(ref, f, fromBits(static_cast<uint32_t>(u)), &failures);
     EXPECT_EQ(failures, 0);
   }
 }
@@ -105,12 +108,14 @@ TEST(Fp8, CastAtEveryMidpointAndItsNeighbours) {
     const double top = ref.values.back(), ulp = top - ref.values[ref.values.size() - 2];
     points.push_back(top + ulp / 2);  // the saturation boundary
     points.push_back(top + ulp);
-    for (size_t i = 0; i + 1 < ref.values.size(); ++i) points.push_back((ref.values[i] + ref.values[i + 1]) / 2);
+    for (size_t i = 0; i + 1 < ref.values.size(); ++i)
+      points.push_back((ref.values[i] + ref.values[i + 1]) / 2);
     points.push_back(ref.values[1] / 2);  // half the smallest subnormal: ties to zero
     for (double p : points)
       for (float s : {1.f, -1.f}) {
         const float x = static_cast<float>(p) * s;
-        for (float y : {x, std::nextafter(x, INFINITY), std::nextafter(x, -INFINITY)}) expectCast(ref, f, y, &failures);
+        for (float y : {x, std::nextafter(x, INFINITY), std::nextafter(x, -INFINITY)})
+          expectCast(ref, f, y, &failures);
       }
     EXPECT_EQ(failures, 0);
   }
@@ -152,7 +157,8 @@ TEST(Fp8, CurrentScalingUsesTheTensorsOwnAmax) {
   EXPECT_EQ(v[Fp8State::kScale], scale);
   EXPECT_EQ(v[Fp8State::kScaleInv], 1.f / scale);
   EXPECT_EQ(v[Fp8State::kAmax], 3.f);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(q.data<uint8_t>()[i], fp8FromFloat(x.data<float>()[i] * scale, Fp8Format::kE4M3));
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(q.data<uint8_t>()[i], fp8FromFloat(x.data<float>()[i] * scale, Fp8Format::kE4M3));
   // A zero tensor keeps the previous scale; so does a non-finite amax.
   Tensor z = f32({0.f, 0.f, 0.f, 0.f});
   fp8Quantize(q, z, st, nullptr);
@@ -173,7 +179,8 @@ TEST(Fp8, DelayedScalingFollowsTheAmaxHistory) {
   std::vector<float> hist;  // newest first
   for (int t = 0; t < 6; ++t) {
     float hmax = 0.f;
-    for (size_t i = 0; i < hist.size() && i < 3; ++i) hmax = std::max(hmax, hist[i]);
+    for (size_t i = 0; i < hist.size() && i < 3; ++i)
+      hmax = std::max(hmax, hist[i]);
     const float want = fp8ScaleFrom(t == 0 ? amaxes[0] : hmax, 1.f, Fp8Format::kE5M2, 0);
     Tensor x = f32({amaxes[t], -amaxes[t] / 3});
     fp8Quantize(q, x, st, nullptr);
@@ -181,7 +188,8 @@ TEST(Fp8, DelayedScalingFollowsTheAmaxHistory) {
     EXPECT_EQ(v[Fp8State::kScale], want) << "step " << t;
     EXPECT_EQ(q.data<uint8_t>()[0], fp8FromFloat(amaxes[t] * want, Fp8Format::kE5M2)) << "step " << t;
     hist.insert(hist.begin(), amaxes[t]);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(v[Fp8State::kHistory + i], i < static_cast<int>(hist.size()) ? hist[i] : 0.f);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(v[Fp8State::kHistory + i], i < static_cast<int>(hist.size()) ? hist[i] : 0.f);
   }
   // At step 5 the history was {0.25, 0.5, 2}: 57344 / 2, so 8 saturates.
   EXPECT_EQ(q.data<uint8_t>()[0], 0x7B);
@@ -194,12 +202,14 @@ TEST(Fp8, TransposedCastIsTheTransposeOfTheCast) {
   Fp8State st(Fp8Format::kE4M3, o, Device::cpu());
   const int64_t R = 5, C = 7;
   std::vector<float> v(R * C);
-  for (int64_t i = 0; i < R * C; ++i) v[static_cast<size_t>(i)] = std::sin(0.7f * static_cast<float>(i)) * 3.f;
+  for (int64_t i = 0; i < R * C; ++i)
+    v[static_cast<size_t>(i)] = std::sin(0.7f * static_cast<float>(i)) * 3.f;
   Tensor x = f32(v, {R, C});
   Tensor q = Tensor::empty({R, C}, DType::kU8), qt = Tensor::empty({C, R}, DType::kU8);
   fp8Quantize(q, x, st, &qt);
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t c = 0; c < C; ++c) EXPECT_EQ(q.data<uint8_t>()[r * C + c], qt.data<uint8_t>()[c * R + r]);
+    for (int64_t c = 0; c < C; ++c)
+      EXPECT_EQ(q.data<uint8_t>()[r * C + c], qt.data<uint8_t>()[c * R + r]);
   // A replay makes the same codes and leaves the state as it was.
   const std::vector<float> before = st.read();
   Tensor q2 = Tensor::empty({R, C}, DType::kU8), qt2 = Tensor::empty({C, R}, DType::kU8);
@@ -211,7 +221,8 @@ TEST(Fp8, TransposedCastIsTheTransposeOfTheCast) {
   Tensor back = Tensor::empty({R, C}, DType::kF32);
   fp8Dequantize(back, q, st);
   for (int64_t i = 0; i < R * C; ++i)  // 3 mantissa bits: relative error at most 2^-4 (normals)
-    EXPECT_NEAR(back.data<float>()[i], v[static_cast<size_t>(i)], std::fabs(v[static_cast<size_t>(i)]) / 16 + 1e-6);
+    EXPECT_NEAR(back.data<float>()[i], v[static_cast<size_t>(i)],
+                std::fabs(v[static_cast<size_t>(i)]) / 16 + 1e-6);
 }
 
 TEST(Fp8, GemmEmulationIsTheScaledProductOfTheDecodedCodes) {
@@ -220,9 +231,12 @@ TEST(Fp8, GemmEmulationIsTheScaledProductOfTheDecodedCodes) {
   o.recipe = Fp8Recipe::kCurrent;
   Fp8State sa(Fp8Format::kE5M2, o, Device::cpu()), sb(Fp8Format::kE4M3, o, Device::cpu());
   std::vector<float> av(M * K), bv(N * K), bias(N);
-  for (size_t i = 0; i < av.size(); ++i) av[i] = std::cos(0.31f * static_cast<float>(i)) * 1e-3f;
-  for (size_t i = 0; i < bv.size(); ++i) bv[i] = std::sin(0.17f * static_cast<float>(i)) * 5.f;
-  for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.01f * static_cast<float>(i);
+  for (size_t i = 0; i < av.size(); ++i)
+    av[i] = std::cos(0.31f * static_cast<float>(i)) * 1e-3f;
+  for (size_t i = 0; i < bv.size(); ++i)
+    bv[i] = std::sin(0.17f * static_cast<float>(i)) * 5.f;
+  for (size_t i = 0; i < bias.size(); ++i)
+    bias[i] = 0.01f * static_cast<float>(i);
   Tensor A = Tensor::empty({M, K}, DType::kU8), B = Tensor::empty({N, K}, DType::kU8);
   fp8Quantize(A, f32(av, {M, K}), sa, nullptr);
   fp8Quantize(B, f32(bv, {N, K}), sb, nullptr);
@@ -238,7 +252,8 @@ TEST(Fp8, GemmEmulationIsTheScaledProductOfTheDecodedCodes) {
     for (int64_t n = 0; n < N; ++n) {
       double exact = 0, full = 0;
       for (int64_t k = 0; k < K; ++k) {
-        exact += refDecode(A.data<uint8_t>()[m * K + k], Fp8Format::kE5M2) * refDecode(B.data<uint8_t>()[n * K + k], Fp8Format::kE4M3);
+        exact += refDecode(A.data<uint8_t>()[m * K + k], Fp8Format::kE5M2) *
+                 refDecode(B.data<uint8_t>()[n * K + k], Fp8Format::kE4M3);
         full += static_cast<double>(av[static_cast<size_t>(m * K + k)]) * bv[static_cast<size_t>(n * K + k)];
       }
       const double b16 = static_cast<float>(BFloat16(bias[static_cast<size_t>(n)]));  // cuBLASLt's bf16 bias

@@ -34,8 +34,9 @@ CheckpointMeta sample() {
   m.files = {{"rank0.h5", 123, 440}, {"rank1.h5", 4294967295u, 440}};
   // Two FP8 states, [casts, scale, scaleInv, amax, h_0] bits each, per rank (a NaN amax included).
   m.state.fp8Names = {"h0.qkv.x", "h0.qkv.w"};
-  m.fp8Ranks = {{3, 0x43e00000, 0x3b924925, 0x3f800000, 0x3f800000, 3, 0x3f800000, 0x3f800000, 0x7fc00000, 0},
-                {3, 0x43e00000, 0x3b924925, 0x40000000, 0x3f800000, 3, 0x3f800000, 0x3f800000, 0xffffffff, 0}};
+  m.fp8Ranks = {
+      {3, 0x43e00000, 0x3b924925, 0x3f800000, 0x3f800000, 3, 0x3f800000, 0x3f800000, 0x7fc00000, 0},
+      {3, 0x43e00000, 0x3b924925, 0x40000000, 0x3f800000, 3, 0x3f800000, 0x3f800000, 0xffffffff, 0}};
   return m;
 }
 
@@ -120,7 +121,8 @@ TEST(CheckpointMeta, ValuesOfTheWrongTypeOrRangeNameTheKey) {
       {[](Json& j) { j["fp8"]["names"][0] = "../x"; }, "'fp8.names[0]' is not a state name"},
       {[](Json& j) { j["fp8"]["ranks"].erase(1); }, "'fp8.ranks' must hold world_size (2) lists"},
       {[](Json& j) { j["fp8"]["ranks"][1].erase(9); }, "'fp8.ranks[1]' must be a list of a whole number"},
-      {[](Json& j) { j["fp8"]["ranks"][0][1] = 4294967296; }, "'fp8.ranks[0]' must be an integer in [0, 4294967295]"},
+      {[](Json& j) { j["fp8"]["ranks"][0][1] = 4294967296; },
+       "'fp8.ranks[0]' must be an integer in [0, 4294967295]"},
       {[](Json& j) { j["fp8"]["ranks"][0][0] = -1; }, "'fp8.ranks[0]' must be an integer in [0, "},
       {[](Json& j) { j["fp8"] = 3; }, "'fp8' must be an object"},
   };

@@ -122,7 +122,8 @@ TEST(ConfigTable, EnumKeysListTheirEnumsNames) {
   for (const char* key : {"sharding.param_dtype", "sharding.reduce_dtype", "train.precision"})
     for (const auto& name : entry(key).choiceNames()) {
       if (name == "auto") continue;  // sharding.param_dtype: resolved by Settings
-      if (name == "fp8") continue;   // train.precision: FP8 codes with per-tensor scales (core/Fp8.h), no DType
+      if (name == "fp8")
+        continue;  // train.precision: FP8 codes with per-tensor scales (core/Fp8.h), no DType
       DType t;
       EXPECT_TRUE(parseDType(name, &t)) << key << " " << name;
     }

@@ -67,9 +67,10 @@ TEST(GptFp8, LinearGemmsAreCloseToF32) {
       Tensor y32 = l32.forward(x, ctx), y8 = l8.forward(x, ctx);
       Tensor dx32 = l32.backward(dy, ctx), dx8 = l8.backward(dy, ctx);
       const double ey = relErr(y8, y32), edx = relErr(dx8, dx32);
-      const double edw = relErr(l8.weight()->grad, l32.weight()->grad), edb = relErr(l8.bias()->grad, l32.bias()->grad);
-      std::printf("%s step %d: relative errors y %.4f dx %.4f dW %.4f db %.2g\n", enumName(fp8Recipes(), recipe), step,
-                  ey, edx, edw, edb);
+      const double edw = relErr(l8.weight()->grad, l32.weight()->grad),
+                   edb = relErr(l8.bias()->grad, l32.bias()->grad);
+      std::printf("%s step %d: relative errors y %.4f dx %.4f dW %.4f db %.2g\n",
+                  enumName(fp8Recipes(), recipe), step, ey, edx, edw, edb);
       // Measured 3.8% / 5.9% / 5.7% (y / dx / dW): E4M3 x E4M3 about sqrt(2) x 2.3% RMS, E5M2 x E4M3
       // about 4.5% (+) 2.3%. A wrong operand, transpose or scale is off by O(1).
       EXPECT_LT(ey, 0.05);
@@ -100,7 +101,8 @@ TEST(GptFp8, TinyGptTrainsCloseToF32) {
     c.fp8.options.recipe = recipe;
     const test::GptRun f8 = test::trainGpt(c, Device::cpu(), true, 12, 4);
     double worst = 0;
-    for (size_t i = 0; i < f32.losses.size(); ++i) worst = std::max(worst, std::fabs(f8.losses[i] - f32.losses[i]));
+    for (size_t i = 0; i < f32.losses.size(); ++i)
+      worst = std::max(worst, std::fabs(f8.losses[i] - f32.losses[i]));
     std::printf("%s: losses f32 %.4f -> %.4f, fp8 %.4f -> %.4f, worst step difference %.2e\n",
                 enumName(fp8Recipes(), recipe), f32.losses.front(), f32.losses.back(), f8.losses.front(),
                 f8.losses.back(), worst);
@@ -157,7 +159,8 @@ TEST(GptFp8, StatesAreNamedAndEvaluationLeavesThemAlone) {
   model.forward(b, train);
   model.backward(train);
   std::vector<std::vector<float>> before;
-  for (auto& [name, st] : states) before.push_back(st->read());
+  for (auto& [name, st] : states)
+    before.push_back(st->read());
   EXPECT_EQ(states[0].second->casts(), 1);
   EXPECT_EQ(states[2].second->casts(), 1);  // dy: cast in backward
   Context eval;

@@ -641,19 +641,23 @@ TEST(GpuParity, GptFp8MatchesCpuEmulation) {
   c.vocab = 200, c.paddedVocab = 256, c.maxT = 64, c.layers = 2, c.heads = 2, c.channels = 128;
   auto worst = [](const test::GptRun& a, const test::GptRun& b) {
     double w = 0;
-    for (size_t i = 0; i < a.losses.size(); ++i) w = std::max(w, std::fabs(a.losses[i] - b.losses[i]) / b.losses[i]);
+    for (size_t i = 0; i < a.losses.size(); ++i)
+      w = std::max(w, std::fabs(a.losses[i] - b.losses[i]) / b.losses[i]);
     return w;
   };
-  const double bf16 = worst(test::trainGpt(c, kGpu, true, 5, 4), test::trainGpt(c, Device::cpu(), true, 5, 4));
+  const double bf16 =
+      worst(test::trainGpt(c, kGpu, true, 5, 4), test::trainGpt(c, Device::cpu(), true, 5, 4));
   for (Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kDelayed}) {
     c.fp8.enabled = true;
     c.fp8.options.recipe = recipe;
-    const test::GptRun g = test::trainGpt(c, kGpu, true, 5, 4), h = test::trainGpt(c, Device::cpu(), true, 5, 4);
+    const test::GptRun g = test::trainGpt(c, kGpu, true, 5, 4),
+                       h = test::trainGpt(c, Device::cpu(), true, 5, 4);
     const double w = worst(g, h);
-    std::printf("fp8 %s: losses gpu %.5f -> %.5f, cpu emulation %.5f -> %.5f, worst relative %.2e (bf16 vs f32 "
-                "without fp8: %.2e)\n",
-                enumName(fp8Recipes(), recipe), g.losses.front(), g.losses.back(), h.losses.front(), h.losses.back(), w,
-                bf16);
+    std::printf(
+        "fp8 %s: losses gpu %.5f -> %.5f, cpu emulation %.5f -> %.5f, worst relative %.2e (bf16 vs f32 "
+        "without fp8: %.2e)\n",
+        enumName(fp8Recipes(), recipe), g.losses.front(), g.losses.back(), h.losses.front(), h.losses.back(),
+        w, bf16);
     EXPECT_LE(w, std::max(kBF16, 3 * bf16)) << enumName(fp8Recipes(), recipe);
     EXPECT_LT(g.losses.back(), g.losses.front());
   }
