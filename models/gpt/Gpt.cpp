@@ -392,13 +392,26 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
   // Per block, as forward() keeps them: the f32 residual stream into ln1 and ln2 (with mean and
   // rstd), the LayerNorm outputs the qkv and fc GEMMs read, qkv (attention's input), attention's
   // output (the projection's input), fc's pre-activation and the GELU output fcProj reads.
-  const int64_t residual = 2 * N * C * 4 + 2 * 2 * N * 4, lnOut = 2 * N * C * a, qkv = 3 * N * C * a;
+  const int64_t residual = 2 * N * C * 4 + 2 * 2 * N * 4, qkv = 3 * N * C * a;
+  int64_t lnOut = 2 * N * C * a;
   // Attention keeps one f32 log-sum-exp per row (our flash kernels round T up to 4 per (b, h);
   // cuDNN's statistics are [B, H, T]; auto may run either: the larger), or f32 P [B,H,T,T].
   const int64_t lseRow = cfg.attention == AttentionBackend::kCudnn ? T : (T + 3) / 4 * 4;
   const int64_t att = low ? B * H * lseRow * 4 : B * H * T * T * 4;
-  const int64_t attention = N * C * a + att, mlp = 2 * 4 * N * C * a,
-                casts = low && !sharded ? 12 * C * C * a : 0;
+  int64_t attention = N * C * a + att, mlp = 2 * 4 * N * C * a, casts = low && !sharded ? 12 * C * C * a : 0;
+  if (cfg.fp8.enabled) {
+    // An FP8 Linear keeps its input and weight as 1-byte transposed codes instead (even sharded):
+    // the LayerNorm outputs and the GELU output are then not kept, attention's output still is
+    // (attention backward reads it), plus its 1-byte copy.
+    const GptConfig::Fp8Layers& f = cfg.fp8Layers;
+    lnOut -= (f.qkv ? N * C * (a - 1) : 0) + (f.fc ? N * C * (a - 1) : 0);
+    attention += f.proj ? N * C : 0;
+    mlp -= f.fcProj ? 4 * N * C * (a - 1) : 0;
+    casts = 0;
+    for (const auto& [on, params] : {std::pair{f.qkv, 3 * C * C}, {f.proj, C * C}, {f.fc, 4 * C * C},
+                                     {f.fcProj, 4 * C * C}})
+      casts += on ? params : (low && !sharded ? params * a : 0);
+  }
   if (L > 0) {
     p.add("residual (layernorm inputs)", L * residual);
     p.add("layernorm outputs", L * lnOut);
@@ -437,6 +450,10 @@ int64_t Gpt::activationBytes() const {
     for (const Tensor* t : {&blk.pre, &blk.input, &blk.qkvOut, &blk.x1})
       if (t->defined()) b += static_cast<int64_t>(t->nbytes());
     b += blk.att.bytes();
+    // Attention's output is counted as the projection's input, unless an FP8 projection keeps its
+    // 1-byte copy instead.
+    if (blk.proj->fp8() && blk.proj->fp8()->holdsCache() && blk.att.y.defined())
+      b += static_cast<int64_t>(blk.att.y.nbytes());
   }
   return b + lnf_->cachedBytes();
 }
