@@ -408,8 +408,8 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
     attention += f.proj ? N * C : 0;
     mlp -= f.fcProj ? 4 * N * C * (a - 1) : 0;
     casts = 0;
-    for (const auto& [on, params] : {std::pair{f.qkv, 3 * C * C}, {f.proj, C * C}, {f.fc, 4 * C * C},
-                                     {f.fcProj, 4 * C * C}})
+    for (const auto& [on, params] :
+         {std::pair{f.qkv, 3 * C * C}, {f.proj, C * C}, {f.fc, 4 * C * C}, {f.fcProj, 4 * C * C}})
       casts += on ? params : (low && !sharded ? params * a : 0);
   }
   if (L > 0) {
