@@ -16,7 +16,10 @@
 // in the matmul dtype as well; the residual stream and its gradient stay f32 (LayerNorm backward
 // also writes the gradient's copy in the matmul dtype that the projection GEMMs read). The MLP's
 // GELU is fused into the fc GEMM and its derivative into fcProj's input-gradient GEMM (cuBLASLt
-// epilogues). Backward accumulates into Param::grad.
+// epilogues). Backward accumulates into Param::grad. With GptConfig::fp8 (train.precision = fp8) the
+// block Linears chosen by fp8Layers multiply in FP8 instead (models/layers/Fp8Linear.h: E4M3
+// activations and weights, E5M2 gradients, per-tensor scaling states named by fp8States()); the
+// fc GELU then runs as its own kernel, and recomputation replays the forward's FP8 scales.
 // Init (GPT-2): N(0, 0.02) weights, N(0, 0.01) positions, residual projections N(0, 0.02/sqrt(2L)),
 // zero biases, unit LayerNorm gains.
 //
