@@ -224,6 +224,8 @@ CheckpointMeta parseChecked(const Fields& f, const Json& j) {
   st.loaderSeq = f.integer(j, "loader_seq", "loader_seq", 0, kMaxCount);
   st.lossScale = static_cast<float>(f.number(j, "loss_scale", "loss_scale", 0.0, FLT_MAX));
   st.scalerClean = f.integer(j, "scaler_clean", "scaler_clean", 0, kMaxCount);
+  if (j.contains("scaler_skipped"))
+    st.scalerSkipped = f.integer(j, "scaler_skipped", "scaler_skipped", 0, kMaxCount);
   const Json& seed = f.at(j, "seed", "seed");
   if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<int64_t>() >= 0))
     f.fail("seed", "must be a non-negative integer, not " + shown(seed));
@@ -271,6 +273,7 @@ std::string CheckpointMeta::toJson() const {
   j["loader_seq"] = state.loaderSeq;
   j["loss_scale"] = state.lossScale;
   j["scaler_clean"] = state.scalerClean;
+  j["scaler_skipped"] = state.scalerSkipped;
   j["seed"] = state.seed;
   j["strategy"] = state.strategy;
   j["world_size"] = worldSize;

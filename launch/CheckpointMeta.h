@@ -25,6 +25,7 @@ struct TrainState {
   int64_t loaderSeq = 0;  // batches consumed by the model
   float lossScale = 0.f;  // 0: no loss scaler
   int64_t scalerClean = 0;
+  int64_t scalerSkipped = 0;  // steps the loss scaler skipped (absent in older checkpoints: 0)
   uint64_t seed = 0;
   std::string strategy = "no_shard";
   // FP8 scaling states (train.precision = fp8; core/Fp8.h): the model's state names in order, and

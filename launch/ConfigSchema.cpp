@@ -77,8 +77,8 @@ const std::vector<ConfigKey>& configSchema() {
               "rank 0 serves Prometheus metrics on http://<run.metrics_bind>:<port>/metrics, every rank's figures "
               "included (docs/metrics.md); 0: off. A port in use is a warning, and the run goes on"),
       text("run.metrics_bind", "0.0.0.0",
-           "address the metrics endpoint listens on, an IP address (IPv4 with Debian 12's civetweb): 0.0.0.0 "
-           "(every interface: Prometheus usually scrapes from another host) or 127.0.0.1 (this host only)"),
+           "address the metrics endpoint listens on, an IP address: 0.0.0.0 (every interface: Prometheus usually "
+           "scrapes from another host) or 127.0.0.1 (this host only); an IPv6 one (::, ::1) serves IPv6 only"),
       real("run.metrics_linger_s", "15", within(0, 3600, false, false),
            "at exit, rank 0 keeps serving until one scrape has read the exit cause, at most this long (set it to "
            "the scrape interval; 0: no wait); the final figures also go to <run_dir>/metrics.prom"),
@@ -145,6 +145,11 @@ const std::vector<ConfigKey>& configSchema() {
               {"fp8",
                "gpt: the block Linears (fp8.layers) multiply in FP8 with per-tensor scaling (fp8.*), the "
                "rest as bf16; on the CPU the FP8 rounding is emulated around f32"}}),
+      real("train.loss_scale_init", "65536", within(1, 1e15, false, false),
+           "f16: the loss scaler's first scale (torch GradScaler's init_scale); halved at every step with "
+           "inf/nan gradients, which is skipped"),
+      integer("train.loss_scale_growth_interval", "2000", atLeast(1),
+              "f16: clean steps in a row after which the loss scale doubles (GradScaler's growth_interval)"),
       integer("train.memory_cap_mb", "0", kNonNegative,
               "cuda: cap on GPU memory the caching allocator may reserve (0: none)"),
       real("train.grad_clip", "0", kNonNegative, "clip the global gradient norm to this (0: off)"),

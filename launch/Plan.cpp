@@ -15,6 +15,7 @@
 #include "launch/Settings.h"
 #include "models/ModelConfig.h"
 #include "models/gpt/Gpt.h"
+#include "sharding/ShardUnit.h"
 
 namespace mt {
 
@@ -58,18 +59,6 @@ std::vector<int64_t> unitSizes(const ParamTable& t) {
   return units;
 }
 
-// GPT's units without building the model: the embeddings, one per block, the final LayerNorm.
-std::vector<int64_t> gptUnitSizes(const GptConfig& g) {
-  const int64_t C = g.channels;
-  int64_t block = 0;
-  for (int64_t n : {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C})
-    block += alignParam(n);
-  std::vector<int64_t> units = {alignParam(g.paddedVocab * C) + alignParam(g.maxT * C)};
-  units.insert(units.end(), static_cast<size_t>(g.layers), block);
-  units.push_back(2 * alignParam(C));
-  return units;
-}
-
 // The rows of the sharded engine's buffers (sharding/ShardUnit, ShardedEngine): per unit, as the
 // engine allocates them, each rounded to the caching allocator's size class on a GPU.
 struct ShardRows {
@@ -81,7 +70,7 @@ struct ShardRows {
     const int64_t b = elements * perElement;
     return cuda && onDevice ? static_cast<int64_t>(roundAllocationSize(static_cast<size_t>(b))) : b;
   }
-  int64_t shard(int64_t unit) const { return alignParam((unit + S - 1) / S); }
+  int64_t shard(int64_t unit) const { return ShardUnit::shardElements(unit, static_cast<int>(S)); }
   int64_t perUnit(int64_t perElement, bool onDevice) const {
     int64_t sum = 0;
     for (int64_t u : units)
@@ -223,10 +212,13 @@ int planCommand(const std::vector<std::string>& args) {
     checkGptScale(g);
     P = g.numParams();
     const int64_t C = g.channels;
-    units = gptUnitSizes(g);
+    units = unitSizes(Gpt(g).params());  // the table's shapes only: nothing is materialized
     checkActivationScale(Gpt::planActivations(g, 1, g.maxT, pc, sharded), micro, cfg);
     act = Gpt::planActivations(g, micro, g.maxT, pc, sharded);
-    if (g.checkpointedBlocks() > 0) transients = "backward transients (largest layer + the block recomputed)";
+    if (g.checkpointedBlocks() > 0)
+      transients = g.checkpointing == ActivationCheckpointing::kPointwise
+                       ? "backward transients (largest layer + the GELU output recomputed)"
+                       : "backward transients (largest layer + the block recomputed)";
     modelName = "gpt (" + std::to_string(g.layers) + " x " + std::to_string(C) + ", vocabulary " +
                 std::to_string(g.vocab) + ")";
   } else {

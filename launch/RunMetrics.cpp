@@ -82,8 +82,8 @@ MetricsExportOptions metricsExportOptions(const Config& cfg) {
   const bool v6 = !v4 && inet_pton(AF_INET6, o.bind.c_str(), addr) == 1;
   if (v6 && !MetricsServer::supportsIpv6())
     cfg.fail("run.metrics_bind", "'" + o.bind +
-                                     "' is an IPv6 address, and this build's civetweb serves IPv4 only "
-                                     "(Debian 12's is built without IPv6): use 0.0.0.0 or 127.0.0.1");
+                                     "' is an IPv6 address, and this build's libmicrohttpd serves IPv4 only "
+                                     "(built without IPv6): use 0.0.0.0 or 127.0.0.1");
   if (!v4 && !v6)
     cfg.fail("run.metrics_bind", "'" + o.bind +
                                      "' is not an IP address (0.0.0.0: every interface, 127.0.0.1: this "
@@ -230,6 +230,13 @@ std::vector<MetricFamily> RunMetrics::families() const {
     if (f.mfu >= 0)
       fs.gauge("meshtrain_mfu_ratio", "model FLOP utilisation over the last log interval (train.peak_flops)",
                f.mfu);
+    if (f.lossScale >= 0) {
+      fs.gauge("meshtrain_loss_scale", "f16 loss scale after the last logged step", f.lossScale);
+      fs.counter(
+          "meshtrain_skipped_steps_total",
+          "optimizer steps the f16 loss scaler skipped for inf/nan gradients (the run's, across resumes)",
+          static_cast<double>(f.skippedSteps));
+    }
     fs.gauge("meshtrain_step_seconds", "wall time of a step, mean over the last log interval", f.stepSeconds);
     fs.perRank("meshtrain_data_wait_ratio", "share of the last log interval the rank waited for batches",
                f.ranks, &RankFigures::dataWaitRatio);

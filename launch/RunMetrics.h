@@ -41,7 +41,7 @@ struct MetricsExportOptions {
   double lingerS = 15.0;
 };
 // run.metrics_port, run.metrics_bind (checked: an IP address the server can listen on, IPv6 only
-// where civetweb was built with it; ConfigError naming the key otherwise), run.metrics_linger_s.
+// where libmicrohttpd was built with it; ConfigError naming the key otherwise), run.metrics_linger_s.
 MetricsExportOptions metricsExportOptions(const Config& cfg);
 
 // One rank's figures of a log interval.
@@ -58,6 +58,8 @@ struct IntervalFigures {
   double seconds = 0.0;                         // the interval's wall time
   double loss = 0.0, accuracy = 0.0, lr = 0.0, samplesPerS = 0.0, stepSeconds = 0.0;
   double tokensPerS = -1.0, mfu = -1.0;  // < 0: not computed by this task (GPT computes them)
+  double lossScale = -1.0;               // f16's loss scale (< 0: no loss scaler)
+  int64_t skippedSteps = 0;              // steps the loss scaler skipped, the run's so far
   int stragglerRank = 0;
   double stragglerLagS = 0.0, stragglerLagRatio = 0.0;  // slowest rank's compute over the fastest's
   std::vector<RankFigures> ranks;

@@ -65,6 +65,12 @@ void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
     std::snprintf(buf, sizeof(buf), " straggler rank %d +%.0f%%", slowest, 100.0 * spread);
     extra += buf;
   }
+  if (r.lossScale > 0) {  // f16: what the loss scaler did (a falling scale, skipped steps)
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), " loss-scale %g skipped %lld", r.lossScale,
+                  static_cast<long long>(r.skippedSteps));
+    extra += buf;
+  }
   const double perStep = r.steps > 0 ? 1.0 / static_cast<double>(r.steps) : 0.0;
   const CompressionStats& cs = comm.stats;
   if (comm.present && cs.bytesAfter > 0 && cs.bytesAfter != cs.bytesBefore) {
@@ -93,6 +99,10 @@ void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
   j["compute_s_per_rank"] = ct;
   j["straggler_rank"] = slowest;
   j["straggler_spread"] = spread;
+  if (r.lossScale > 0) {
+    j["loss_scale"] = r.lossScale;
+    j["skipped_steps"] = r.skippedSteps;
+  }
   if (comm.present) {
     j["compression"] = comm.reducer;
     j["comm_bytes_before"] = static_cast<double>(cs.bytesBefore) * perStep;
@@ -116,6 +126,8 @@ IntervalFigures RunReporter::prometheusFigures(const IntervalReport& r, const Pr
   f.accuracy = p.accuracy;
   f.lr = p.lr;
   f.samplesPerS = p.samplesPerS;
+  f.lossScale = r.lossScale > 0 ? r.lossScale : -1.0;
+  f.skippedSteps = r.skippedSteps;
   f.stepSeconds = p.stepSeconds;
   if (j.contains("tokens_per_s")) f.tokensPerS = j["tokens_per_s"].get<double>();
   if (j.contains("mfu")) f.mfu = j["mfu"].get<double>();

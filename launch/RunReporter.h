@@ -33,6 +33,8 @@ struct IntervalReport {
   double computePerStep = 0.0;     // this rank's forward + backward seconds per step
   double commWaitPerStep = 0.0;    // this rank's seconds per step waiting for the gradient reduction
   double lr = 0.0;
+  double lossScale = 0.0;    // f16's loss scale after the interval's last step (0: no loss scaler)
+  int64_t skippedSteps = 0;  // steps the loss scaler skipped for inf/nan gradients, the run's so far
   Device device = Device::cpu();
 };
 

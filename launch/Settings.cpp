@@ -134,6 +134,8 @@ Settings Settings::fromConfig(const Config& c) {
   if (s.precision != "f32" && s.precision != "fp8" && s.device != "cuda")
     c.fail("train.precision", "bf16 and f16 need train.device = cuda");
   readFp8(c, m.type, s);
+  s.lossScaleInit = c.f64("train.loss_scale_init");
+  s.lossScaleGrowthInterval = c.i64("train.loss_scale_growth_interval");
   s.memoryCapMb = c.i64("train.memory_cap_mb");
   s.gradClip = static_cast<float>(c.f64("train.grad_clip"));
   s.divergenceSteps = c.i64("train.divergence_steps");

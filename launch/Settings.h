@@ -40,6 +40,8 @@ struct Settings {
   int64_t gradAccum = 1;  // micro-batches per optimizer step
   std::string device = "cpu";
   std::string precision = "f32";
+  double lossScaleInit = 65536.0;         // f16's loss scaler (train.loss_scale_*)
+  int64_t lossScaleGrowthInterval = 2000;
   int64_t memoryCapMb = 0;
   float gradClip = 0.f;
   int64_t divergenceSteps = 3;  // consecutive non-finite losses that end the run (exit 4)

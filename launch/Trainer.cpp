@@ -124,7 +124,12 @@ void Trainer::setupDevice() {
                             : s_.precision == "f16"                         ? MatmulPrecision::kF16
                                                                             : MatmulPrecision::kF32);
   if (s_.memoryCapMb > 0) cuda_->allocator().setMemoryCap(static_cast<size_t>(s_.memoryCapMb) << 20);
-  if (s_.precision == "f16") scaler_ = std::make_unique<LossScaler>();
+  if (s_.precision == "f16") {
+    LossScalerOptions o;
+    o.initScale = static_cast<float>(s_.lossScaleInit);
+    o.growthInterval = s_.lossScaleGrowthInterval;
+    scaler_ = std::make_unique<LossScaler>(o);
+  }
   MT_LOG_DEBUG << "rank " << mpi_.rank() << " on GPU " << cuda_->device() << " (" << cuda_->deviceName() << ")";
 #else
   cfg_.fail("train.device", "this trainer was built without CUDA");
@@ -291,7 +296,7 @@ void Trainer::resumeIfAny() {
   startStep_ = st.step;
   // loader_seq counts global batches of train.batch_size rows (any grad_accum_steps).
   loader_->seek(st.loaderSeq * s_.gradAccum);
-  if (scaler_ && st.lossScale > 0) scaler_->setState(st.lossScale, st.scalerClean);
+  if (scaler_ && st.lossScale > 0) scaler_->setState(st.lossScale, st.scalerClean, st.scalerSkipped);
   restoreFp8States(*model_, st, world_->rank() == 0, path);
   resumed_ = true;
   if (world_->rank() == 0)
@@ -349,6 +354,7 @@ void Trainer::saveCheckpoint(int64_t stepsDone) {
   if (scaler_) {
     st.lossScale = scaler_->scale();
     st.scalerClean = scaler_->cleanSteps();
+    st.scalerSkipped = scaler_->skippedSteps();
   }
   st.strategy = parallelism_->strategyName();
   packFp8States(*model_, st);
@@ -452,6 +458,10 @@ void Trainer::reportInterval(int64_t step, const LossStats& local, double second
   r.commWaitPerStep = steps > 0 ? intervalCommWait_ / static_cast<double>(steps) : 0.0;
   intervalCommWait_ = 0.0;
   r.lr = static_cast<double>(schedule_.at(step));
+  if (scaler_) {
+    r.lossScale = scaler_->scale();
+    r.skippedSteps = scaler_->skippedSteps();
+  }
   r.device = device_;
   reporter_->interval(r, *parallelism_);
 }

@@ -11,7 +11,7 @@ packages=(
   libgtest-dev
   libopenblas-dev
   libpugixml-dev nlohmann-json3-dev
-  libcivetweb-dev  # the HTTP server of run.metrics_port (launch/MetricsServer.h)
+  libmicrohttpd-dev  # the HTTP server of run.metrics_port (launch/MetricsServer.h)
   prometheus       # the server tests/launch/test_prometheus.py scrapes a run with (started by the test only)
   libprotobuf-dev protobuf-compiler libonnx-dev  # the ONNX export: onnx.proto compiled by protoc
   python3 python3-numpy python3-h5py python3-torch python3-matplotlib

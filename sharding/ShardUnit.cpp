@@ -98,7 +98,7 @@ ShardUnit::ShardUnit(int index, const std::vector<Param*>& params, int worldSize
     members_.push_back({p, cursor});
     cursor += alignParam(p->numel());
   }
-  shard_ = alignParam((cursor + worldSize - 1) / worldSize);
+  shard_ = shardElements(cursor, worldSize);
   numel_ = shard_ * worldSize;
   master_ = Tensor::empty({shard_}, DType::kF32, masterAlloc);
   master_.zero_();

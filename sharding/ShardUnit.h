@@ -101,6 +101,11 @@ class ShardUnit {
   const std::vector<Member>& members() const { return members_; }
   int64_t numel() const { return numel_; }  // padded: shard * W
   int64_t shard() const { return shard_; }  // elements per rank
+  // The shard of a unit of unitElements (its members each padded by alignParam) over worldSize
+  // ranks: what shard() is, for `trainer plan` without building one.
+  static int64_t shardElements(int64_t unitElements, int worldSize) {
+    return alignParam((unitElements + worldSize - 1) / worldSize);
+  }
   // The persistent shards: their contents change (optimizer, uploads), the handles never.
   Tensor master() const { return master_; }          // f32 [shard]
   Tensor gatherCopy() const { return gatherCopy_; }  // paramDtype [shard]

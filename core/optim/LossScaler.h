@@ -30,11 +30,13 @@ class LossScaler {
   bool unscaleAndCheck(const std::vector<OptimSegment>& segs, const std::function<bool(bool)>& anyRank);
   // After a step that was taken.
   void update();
+  // Steps skipped so far: this scaler's, plus those restored by setState (a resumed run's).
   int64_t skippedSteps() const { return skipped_; }
   int64_t cleanSteps() const { return clean_; }
-  void setState(float scale, int64_t clean) {
+  void setState(float scale, int64_t clean, int64_t skipped = 0) {
     scale_ = scale;
     clean_ = clean;
+    skipped_ = skipped;
   }
 
  private:

@@ -22,6 +22,9 @@ const EnumTable<ActivationCheckpointing>& activationCheckpointings() {
       {ActivationCheckpointing::kSelective, "selective",
        "keep each block's input, qkv and attention residual; recompute LayerNorms, attention and the fc "
        "GEMM"},
+      {ActivationCheckpointing::kPointwise, "pointwise",
+       "keep every GEMM's and attention's output; recompute the LayerNorm and GELU outputs in backward (no "
+       "GEMM twice)"},
   };
   return kTable;
 }
@@ -126,20 +129,32 @@ void Gpt::hookAfter(int unit, bool backward) {
   else hooks_->afterUnitForward(unit);
 }
 
-Tensor Gpt::blockForward(Block& b, const Tensor& x, Context& ctx, Tensor* qkvOut, Tensor* x1Out) {
+Tensor Gpt::blockForward(Block& b, const Tensor& x, Context& ctx, Tensor* qkvOut, Tensor* x1Out,
+                         bool pointwise) {
   const int64_t B = x.dim(0), T = x.dim(1), C = cfg_.channels;
   Tensor h1 = b.ln1->forward(x, ctx);
   Tensor qkv = b.qkv->forward(h1, ctx);
+  if (pointwise) b.qkv->releaseInput();  // h1 (and its cast) dies here: backward makes it again
   Tensor y = Tensor::empty({B, T, C}, matmulDType(x.device()), x.device());
   attentionForward(y, qkv, cfg_.heads, ctx.training ? &b.att : nullptr, cfg_.attention);
   Tensor x1 = b.proj->forwardAdd(y, x, ctx);  // residual added by the GEMM
   Tensor h2 = b.ln2->forward(x1, ctx);
   Tensor pre;  // fc's output before the GELU, for backward
-  Tensor g = b.fc->forwardGelu(h2, ctx, &pre);
+  Tensor g;
+  if (pointwise) {  // the GELU by its own kernel, the one backward's recomputation runs
+    pre = b.fc->forward(h2, ctx);
+    b.fc->releaseInput();
+    g = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
+    geluForward(g, pre, GeluKind::kTanh);
+  } else {
+    g = b.fc->forwardGelu(h2, ctx, &pre);
+  }
   if (ctx.training) b.pre = pre;
   if (qkvOut) *qkvOut = qkv;
   if (x1Out) *x1Out = x1;
-  return b.fcProj->forwardAdd(g, x1, ctx);
+  Tensor out = b.fcProj->forwardAdd(g, x1, ctx);
+  if (pointwise) b.fcProj->releaseInput();
+  return out;
 }
 
 void Gpt::clearBlock(Block& b) {
@@ -229,9 +244,10 @@ Tensor Gpt::trunk(const Tensor& tokens, Context& ctx) {
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     hookBefore(static_cast<int>(l) + 1, false);
-    const bool ckpt = ctx.training && cfg_.checkpointed(static_cast<int64_t>(l));
+    const bool pointwise = ctx.training && cfg_.pointwise(static_cast<int64_t>(l));
+    const bool ckpt = ctx.training && cfg_.checkpointed(static_cast<int64_t>(l)) && !pointwise;
     Tensor qkv, x1;
-    Tensor out = blockForward(b, x, ctx, ckpt ? &qkv : nullptr, ckpt ? &x1 : nullptr);
+    Tensor out = blockForward(b, x, ctx, ckpt ? &qkv : nullptr, ckpt ? &x1 : nullptr, pointwise);
     if (ckpt) checkpoint(b, x, qkv, x1);
     x = out;
     hookAfter(static_cast<int>(l) + 1, false);
@@ -346,11 +362,18 @@ void Gpt::backward(Context& ctx) {
   for (size_t li = blocks_.size(); li-- > 0;) {
     Block& b = blocks_[li];
     hookBefore(static_cast<int>(li) + 1, true);
-    if (cfg_.checkpointed(static_cast<int64_t>(li))) recompute(b, ctx);
+    const bool pointwise = cfg_.pointwise(static_cast<int64_t>(li));
+    if (cfg_.checkpointed(static_cast<int64_t>(li)) && !pointwise) recompute(b, ctx);
     // x2 = x1 + fcProj(gelu(fc(ln2(x1)))): dx1 = dx + d(mlp path)
+    if (pointwise) {  // fcProj's input GELU(pre), by forward's kernel
+      Tensor g = Tensor::empty(b.pre.shape(), b.pre.dtype(), b.pre.device());
+      geluForward(g, b.pre, GeluKind::kTanh);
+      b.fcProj->restoreInput(g, ctx);
+    }
     Tensor dfSum;  // colsum(df), fc's bias gradient, where the DGELU GEMM's epilogue made it
     Tensor df = b.fcProj->backwardDGelu(dxLow, b.pre, ctx, &dfSum);  // the gradient at the GELU's input
     b.pre = Tensor();
+    if (pointwise) b.fc->restoreInput(b.ln2->recomputeOutput(), ctx);
     Tensor dh2 = b.fc->backward(df, ctx, dfSum);
     Tensor dx1Low;
     Tensor dx1 = b.ln2->backwardBoth(dh2, &dx, ctx, &dx1Low);  // + the residual branch's gradient, one pass
@@ -360,6 +383,7 @@ void Gpt::backward(Context& ctx) {
     Tensor dqkv = Tensor::empty({B_, T_, 3 * C}, act, dev);
     attentionBackward(dqkv, dy, b.att, cfg_.heads);
     b.att.clear();
+    if (pointwise) b.qkv->restoreInput(b.ln1->recomputeOutput(), ctx);
     Tensor dh1 = b.qkv->backward(dqkv, ctx);
     dx = b.ln1->backwardBoth(dh1, &dx1, ctx, &dxLow);
     if (hooks_) {
@@ -386,7 +410,9 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
   const int64_t C = cfg.channels, N = B * T, H = cfg.heads;
   const bool low = pc.matmul != DType::kF32;
   const int64_t a = low ? static_cast<int64_t>(dtypeSize(pc.matmul)) : 4;  // activations a GEMM reads
-  const int64_t ck = cfg.checkpointedBlocks(), L = cfg.layers - ck;        // L: blocks that keep everything
+  const bool pointwise = cfg.checkpointing == ActivationCheckpointing::kPointwise;
+  const int64_t pw = pointwise ? cfg.checkpointedBlocks() : 0;                // recompute LN and GELU outputs
+  const int64_t ck = pointwise ? 0 : cfg.checkpointedBlocks(), L = cfg.layers - ck - pw;  // L: keep everything
   const bool selective = cfg.checkpointing == ActivationCheckpointing::kSelective;
   ActivationPlan p;
   // Per block, as forward() keeps them: the f32 residual stream into ln1 and ln2 (with mean and
@@ -420,6 +446,10 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
     p.add("mlp (pre-activation, GELU output)", L * mlp);
     if (casts) p.add("weight casts", L * casts);
   }
+  // A pointwise block keeps all of the above but the LayerNorm outputs and the GELU output.
+  if (pw)
+    p.add("pointwise-recomputed blocks (all but LayerNorm and GELU outputs)",
+          pw * (residual + qkv + attention + mlp / 2 + casts));
   // A checkpointed block keeps its input (the f32 residual stream); selective also qkv and the
   // residual after attention.
   const int64_t kept = N * C * 4 + (selective ? qkv + N * C * 4 : 0);
@@ -435,7 +465,8 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
   // f32 dq accumulator in both fused kernels' workspaces, N * C * 4), on top
   // of the block being recomputed (all of its activations but what it kept) where one is.
   const int64_t chunk = std::min(cfg.classifierChunk, N);
-  const int64_t recomputed = ck ? residual + lnOut + qkv + attention + mlp + casts - kept : 0;
+  // (pointwise: the GELU output made again for fcProj's backward, the largest it makes.)
+  const int64_t recomputed = ck ? residual + lnOut + qkv + attention + mlp + casts - kept : pw ? mlp / 2 : 0;
   p.transientBytes = std::max(chunk * cfg.paddedVocab * a + cfg.paddedVocab * C * a,
                               recomputed + N * 4 * C * a * 2 + N * 3 * C * a + (low ? N * C * 4 : 0));
   return p;

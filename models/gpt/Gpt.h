@@ -33,6 +33,16 @@
 //   selective  the block's input, the qkv GEMM's output and the residual after attention (x1);
 //              backward recomputes ln1, attention's forward (from qkv), ln2 and the fc GEMM with its
 //              GELU, i.e. everything but the qkv, attention-projection and fcProj GEMMs
+//   pointwise  every GEMM's output and attention's (qkv, attention output and statistics, fc's
+//              pre-activation) and the residual stream, not what elementwise kernels make from them:
+//              ln1's and ln2's outputs and the GELU output are made again from the kept input (and
+//              the LayerNorm's statistics) and pre right before the GEMM backward that reads them,
+//              by the kernels that made them in forward (there the GELU runs after the fc GEMM, not
+//              in its epilogue, so both copies come from one kernel). No GEMM runs twice: two
+//              LayerNorm passes and one GELU pass more per block (~1 GB of memory traffic at d48
+//              B=16, ~3 % of its step) for a third of what a block keeps (6 of 18 N x C x 2
+//              bytes: the LayerNorm and GELU outputs, which torch.compile's partitioner also
+//              recomputes)
 // With checkpointEvery = k only blocks 0, k, 2k, ... are checkpointed; the others keep everything.
 // The recomputation runs between the block's backward hooks (a sharded unit is gathered once for it
 // and the backward) with the forward's own kernels on the same inputs, so every recomputed
@@ -55,7 +65,7 @@
 
 namespace mt {
 
-enum class ActivationCheckpointing { kNone, kBlocks, kSelective };
+enum class ActivationCheckpointing { kNone, kBlocks, kSelective, kPointwise };
 const EnumTable<ActivationCheckpointing>& activationCheckpointings();
 
 struct GptConfig {
@@ -74,6 +84,10 @@ struct GptConfig {
   } fp8Layers;
   bool checkpointed(int64_t block) const {
     return checkpointing != ActivationCheckpointing::kNone && block % checkpointEvery == 0;
+  }
+  // A block whose LayerNorm and GELU outputs are recomputed (pointwise), not the whole block.
+  bool pointwise(int64_t block) const {
+    return checkpointing == ActivationCheckpointing::kPointwise && checkpointed(block);
   }
   int64_t checkpointedBlocks() const;
   // d6/d12/d24/d36/d48 (GPT-2 124M is d12, 350M d24, 774M d36, 1558M d48); gpt3-2.7b (32 x 2560,
@@ -129,8 +143,9 @@ class Gpt final : public Model {
   void hookAfter(int unit, bool backward);
   // One block's forward: every layer keeps what its backward reads when ctx.training. Returns the
   // block's output; *qkvOut and *x1 (optional) get qkv's output and the residual after attention.
+  // pointwise: the LayerNorm and GELU outputs are not kept (GptConfig::pointwise).
   Tensor blockForward(Block& b, const Tensor& x, Context& ctx, Tensor* qkvOut = nullptr,
-                      Tensor* x1 = nullptr);
+                      Tensor* x1 = nullptr, bool pointwise = false);
   // A checkpointed block after its forward: drops what the layers kept but what checkpointing keeps.
   void checkpoint(Block& b, const Tensor& x, const Tensor& qkvOut, const Tensor& x1);
   // Before a checkpointed block's backward: the layers' saved state made again from what was kept.

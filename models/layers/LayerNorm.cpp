@@ -121,6 +121,13 @@ Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
   return y;
 }
 
+Tensor LayerNorm::recomputeOutput() const {
+  MT_CHECK(x_.defined(), "LayerNorm: recomputing the output without a training forward");
+  Tensor y = Tensor::empty(x_.shape(), outputDType(x_.device()), x_.device());
+  layerNormForward(y, nullptr, nullptr, x_, w_->value, b_->value, eps_);
+  return y;
+}
+
 Tensor LayerNorm::backward(const Tensor& dy, Context& ctx) { return backwardBoth(dy, nullptr, ctx, nullptr); }
 
 Tensor LayerNorm::backwardAdd(const Tensor& dy, const Tensor& residual, Context& ctx) {

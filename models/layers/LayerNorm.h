@@ -34,6 +34,10 @@ class LayerNorm : public Module {
   // Either of the above (residual optional) that also returns dx in the matmul dtype in *dxLow
   // (dx itself where that is f32), for the GEMMs that read the gradient next.
   Tensor backwardBoth(const Tensor& dy, const Tensor* residual, Context& ctx, Tensor* dxLow);
+  // The output of the training forward again, from its kept input (the same kernel on the same
+  // input and parameters: the same bits; the statistics are not rewritten). For the GEMM backward
+  // that reads it when it was not kept (pointwise recomputation).
+  Tensor recomputeOutput() const;
   std::vector<Param*> params() override { return {w_, b_}; }
   Shape outputShape(const Shape& in) const override { return in; }
   void clearCache() override;

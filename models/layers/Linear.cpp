@@ -152,7 +152,7 @@ void Linear::restoreInput(const Tensor& x, Context& ctx) {
     return;
   }
   x_ = castTo(x, matmulDType(x.device()));
-  weightOperand(ctx);
+  if (!wo_.defined()) weightOperand(ctx);
 }
 
 Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&, Tensor* preColSum) {

@@ -61,7 +61,10 @@ class Linear : public Module {
   Tensor backwardDGelu(const Tensor& dy, const Tensor& pre, Context& ctx, Tensor* preColSum = nullptr);
   // What forward(x) keeps for backward (the input as the GEMM reads it, the weight's cast where
   // kept), without the GEMM: activation checkpointing kept the output and recomputed the input.
+  // A weight cast kept from forward is used as it is.
   void restoreInput(const Tensor& x, Context& ctx);
+  // Drops the input forward kept (not the weight's cast): restoreInput gives it back before backward.
+  void releaseInput() { x_ = Tensor(); }
   // dx in the matmul dtype (its consumer is a GEMM or a kernel that reads reduced precision).
   void setLowPrecisionInputGrad(bool low) { lowInputGrad_ = low; }
   // FP8 GEMMs from now on (train.precision = fp8): the scaling states start afresh.

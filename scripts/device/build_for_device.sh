@@ -20,7 +20,7 @@ for f in "$build"/bin/*; do strip -o "dist/bin/$(basename "$f")" "$f"; done
 for f in "$build"/lib/*.so; do strip -o "dist/lib/$(basename "$f")" "$f"; done
 # Libraries outside CUDA that Ubuntu 24.04 may not have installed.
 for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libhdf5_serial.so.103 libsz.so.2 libaec.so.0 \
-           libpugixml.so.1 libprotobuf-lite.so.32 libcivetweb.so.1; do
+           libpugixml.so.1 libprotobuf-lite.so.32 libmicrohttpd.so.12; do
   p=$(ldconfig -p | awk -v l="$lib" '$1 == l && !done {print $NF; done = 1}')
   if [[ -n "$p" ]]; then xz -9 -c "$(readlink -f "$p")" >"dist/fallback-lib/$lib.xz"; fi
 done

@@ -36,5 +36,22 @@ TEST(LossScaler, InfOnOneRankSkipsTheStepEverywhere) {
   EXPECT_EQ(scaler.skippedSteps(), 2);
 }
 
+// A resumed run's scaler continues the checkpoint's scale, clean run and skipped-step count.
+TEST(LossScaler, SetStateRestoresTheSkippedCount) {
+  LossScaler scaler(LossScalerOptions{1024.f, 2.f, 0.5f, 2});
+  scaler.setState(256.f, 1, 7);
+  Tensor p = Tensor::zeros({8}, DType::kF32), g = Tensor::zeros({8}, DType::kF32);
+  g.data<float>()[3] = 512.f;
+  std::vector<OptimSegment> segs = {{p, g, true}};
+  ASSERT_TRUE(scaler.unscaleAndCheck(segs, nullptr));
+  EXPECT_EQ(g.data<float>()[3], 2.f);  // unscaled by the restored scale
+  scaler.update();                     // the second clean step in a row: growth
+  EXPECT_EQ(scaler.scale(), 512.f);
+  g.data<float>()[0] = NAN;
+  EXPECT_FALSE(scaler.unscaleAndCheck(segs, nullptr));
+  EXPECT_EQ(scaler.skippedSteps(), 8);
+  EXPECT_EQ(scaler.scale(), 256.f);
+}
+
 }  // namespace
 }  // namespace mt

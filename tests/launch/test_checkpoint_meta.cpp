@@ -24,6 +24,9 @@ CheckpointMeta sample() {
   m.state.step = 40;
   m.state.loaderSeq = 40;
   m.state.seed = 7;
+  m.state.lossScale = 8192.f;
+  m.state.scalerClean = 12;
+  m.state.scalerSkipped = 5;
   m.optimizerSteps = 40;
   m.identity = {R"({"format":"meshtrain-architecture","type":"mlp"})", "/data/f.h5", "train", 256};
   m.worldSize = 2;
@@ -67,6 +70,8 @@ TEST(CheckpointMeta, WhatSaveWritesParsesBack) {
   EXPECT_EQ(m.version, kCheckpointVersion);
   EXPECT_EQ(m.state.step, 40);
   EXPECT_EQ(m.state.seed, 7u);
+  EXPECT_EQ(m.state.lossScale, 8192.f);  // the f16 loss scaler's state, skipped steps included
+  EXPECT_EQ(m.state.scalerSkipped, 5);
   EXPECT_EQ(m.identity.dataPath, "/data/f.h5");
   EXPECT_EQ(m.identity.globalBatch, 256);
   EXPECT_EQ(m.compression, "powersgd");

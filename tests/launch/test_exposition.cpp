@@ -143,6 +143,14 @@ TEST(RunMetricsFamilies, IntervalFiguresAndLabels) {
   EXPECT_TRUE(contains(text, "meshtrain_resumes_total 2\n"));
   EXPECT_FALSE(contains(text, "meshtrain_tokens_per_second"));  // the MLP computes none
   EXPECT_FALSE(contains(text, "meshtrain_mfu_ratio"));
+  EXPECT_FALSE(contains(text, "meshtrain_loss_scale"));  // no loss scaler (not f16)
+  EXPECT_FALSE(contains(text, "meshtrain_skipped_steps_total"));
+  f.lossScale = 32768;  // f16: the scaler's figures
+  f.skippedSteps = 3;
+  m.interval(f);
+  text = m.render();
+  EXPECT_TRUE(contains(text, "meshtrain_loss_scale 32768\n"));
+  EXPECT_TRUE(contains(text, "# TYPE meshtrain_skipped_steps_total counter\nmeshtrain_skipped_steps_total 3\n"));
   for (const MetricFamily& fam : m.families()) {
     EXPECT_EQ(fam.name.rfind("meshtrain_", 0), 0u) << fam.name;
     EXPECT_FALSE(fam.help.empty()) << fam.name;

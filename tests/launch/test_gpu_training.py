@@ -26,12 +26,13 @@ def gpus():
     return int(re.search(r"cuda devices: (\d+)", out).group(1))
 
 
-def run(np, args, timeout=900):
+def run(np, args, timeout=900, stderr=False):
+    """The run's stdout (progress lines, the final line), with stderr (warnings) after it if asked."""
     cmd = ([TRAINER] if np == 1 else ["mpirun", "-np", str(np), TRAINER]) + [f"--data.path={FASHION}"] + args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    return p.stdout
+    return p.stdout + p.stderr if stderr else p.stdout
 
 
 def records(d, name):
@@ -173,12 +174,35 @@ class GpuTraining(unittest.TestCase):
             # divergence_steps = 1: a step the scaler skips (inf/nan gradients) is not divergence.
             out = run(1, ["--train.device=cuda", "--train.precision=f16", "--train.max_steps=300",
                           "--run.log_interval=50", f"--run.dir={d}", "--run.name=f16",
-                          "--train.divergence_steps=1"])
+                          "--train.divergence_steps=1"], stderr=True)
             steps = [r for r in records(d, "f16") if r["type"] == "step"]
             self.assertLess(steps[-1]["loss"], steps[0]["loss"])
             m = re.search(r"final test_accuracy=(\d\.\d+)", out)
             self.assertGreater(float(m.group(1)), 0.80)
-            print(f"f16: {out.count('step skipped')} step(s) skipped by the loss scaler, none counted as divergence")
+            # The progress line and the step records carry the loss scale and the skipped steps.
+            self.assertIn("loss-scale ", out)
+            self.assertTrue(all("loss_scale" in r and "skipped_steps" in r for r in steps))
+            self.assertEqual(steps[-1]["skipped_steps"], out.count("step skipped"))
+            print(f"f16: {out.count('step skipped')} step(s) skipped by the loss scaler, none counted as divergence, "
+                  f"loss scale {steps[-1]['loss_scale']:g}")
+
+    def test_f16_forced_overflow_is_reported(self):
+        # A first scale of 2^40 overflows f16 at once: the scaler halves it at each skipped step
+        # until the gradients fit; the records, the progress line and a resumed run show it.
+        with tempfile.TemporaryDirectory() as d:
+            args = ["--train.device=cuda", "--train.precision=f16", "--run.log_interval=10", f"--run.dir={d}",
+                    "--run.name=ovf", "--train.loss_scale_init=1099511627776", "--checkpoint.interval=100"]
+            out = run(1, args + ["--train.max_steps=100"], stderr=True)
+            steps = [r for r in records(d, "ovf") if r["type"] == "step"]
+            skipped = out.count("step skipped")
+            self.assertGreaterEqual(skipped, 10)  # 2^40 -> at most 2^30 before any f16 gradient fits
+            self.assertEqual(steps[-1]["skipped_steps"], skipped)
+            self.assertEqual(steps[-1]["loss_scale"], 2.0 ** 40 / 2 ** skipped)  # growth interval 2000: no growth
+            self.assertGreater(steps[0]["skipped_steps"], 0)
+            self.assertIn(f"skipped {skipped}", out)
+            out2 = run(1, args + ["--train.max_steps=120"], stderr=True)  # resumed from step 100: the count goes on
+            steps = [r for r in records(d, "ovf") if r["type"] == "step"]
+            self.assertEqual(steps[-1]["skipped_steps"], skipped + out2.count("step skipped"))
 
     def test_divergence_stops_with_exit_4(self):
         # The loss is read one step late on the GPU (an event, a stream of its own): still caught.

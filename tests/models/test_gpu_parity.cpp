@@ -615,7 +615,8 @@ TEST(GpuParity, GptActivationCheckpointingMatchesNone) {
       c.checkpointing = ActivationCheckpointing::kNone;
       const test::GptRun none = test::trainGpt(c, kGpu, casts, 3, 4), again = test::trainGpt(c, kGpu, casts, 3, 4);
       const double bound = std::max(p == MatmulPrecision::kF32 ? 1e-5 : 1e-4, 10 * worst(again, none));
-      for (auto mode : {ActivationCheckpointing::kBlocks, ActivationCheckpointing::kSelective}) {
+      for (auto mode : {ActivationCheckpointing::kBlocks, ActivationCheckpointing::kSelective,
+                        ActivationCheckpointing::kPointwise}) {
         c.checkpointing = mode;
         const test::GptRun r = test::trainGpt(c, kGpu, casts, 3, 4);
         const double w = worst(r, none);

@@ -146,15 +146,16 @@ TEST(Layers, CnnShapesAndUnits) {
 }
 
 // Activation checkpointing recomputes with the forward's own kernels: losses and parameters after
-// three AdamW steps are bit-identical to none for every mode (blocks on all blocks and on every
-// 2nd, selective), with weight casts kept or not, and each mode keeps less than the one before.
+// three AdamW steps are bit-identical to none for every mode (pointwise, blocks on all blocks and on
+// every 2nd, selective), with weight casts kept or not, and each mode keeps less than the one before.
 TEST(Layers, GptActivationCheckpointingIsBitIdentical) {
   GptConfig c;
   c.vocab = 64, c.paddedVocab = 128, c.maxT = 16, c.layers = 3, c.heads = 2, c.channels = 32;
   c.classifierChunk = 24;
   const test::GptRun none = test::trainGpt(c, Device::cpu(), true, 3, 4);
   std::vector<int64_t> kept = {none.keptBytes};
-  for (auto [mode, every] : {std::pair{ActivationCheckpointing::kBlocks, 2},
+  for (auto [mode, every] : {std::pair{ActivationCheckpointing::kPointwise, 1},
+                             {ActivationCheckpointing::kBlocks, 2},
                              {ActivationCheckpointing::kSelective, 1},
                              {ActivationCheckpointing::kBlocks, 1}}) {
     c.checkpointing = mode;

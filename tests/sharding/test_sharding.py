@@ -134,8 +134,9 @@ GPT = ["--model.type=gpt", "--model.layers=3", "--model.heads=2", "--model.chann
 
 class GptCheckpointing(unittest.TestCase):
     """Activation checkpointing on a small GPT (CPU):
-     - losses bit-identical to no checkpointing (blocks, blocks on every 2nd block, selective) on 1
-       rank and on 4 (full_shard, offload, 2 micro-steps), and less activation memory kept;
+     - losses bit-identical to no checkpointing (blocks, blocks on every 2nd block, selective,
+       pointwise) on 1 rank and on 4 (full_shard, offload, 2 micro-steps), and less activation
+       memory kept;
      - every value of strategy x offload x checkpointing x accumulation (a covering set of runs)
        within 1e-5 relative of no_shard on 4 ranks at each of 50 steps;
      - `trainer plan` predicts each mode's activations and allocator peak within 10 %."""
@@ -165,7 +166,8 @@ class GptCheckpointing(unittest.TestCase):
 
     MODES = [("blocks", ["--train.activation_checkpointing=blocks"]),
              ("blocks_every2", ["--train.activation_checkpointing=blocks", "--train.activation_checkpointing_every=2"]),
-             ("selective", ["--train.activation_checkpointing=selective"])]
+             ("selective", ["--train.activation_checkpointing=selective"]),
+             ("pointwise", ["--train.activation_checkpointing=pointwise"])]
     SHARDED = ["--sharding.strategy=full_shard", "--sharding.offload=cpu", "--train.grad_accum_steps=2"]
 
     def test_checkpointing_is_bit_identical_and_keeps_less(self):
@@ -180,6 +182,7 @@ class GptCheckpointing(unittest.TestCase):
             self.assertLess(kept["blocks"], kept["selective"])
             self.assertLess(kept["selective"], kept["blocks_every2"])
             self.assertLess(kept["blocks_every2"], kept["none"])
+            self.assertLess(kept["pointwise"], kept["none"])
 
     def test_every_axis_matches_no_shard(self):
         ref = self.gpt(4, "ref_no_shard", [])
@@ -209,7 +212,7 @@ class GptCheckpointing(unittest.TestCase):
                       p.stdout + p.stderr)
 
     def test_plan_predicts_checkpointing_memory(self):
-        for np_, mode, extra in [(1, "none", []), (1, "blocks", []), (1, "selective", []),
+        for np_, mode, extra in [(1, "none", []), (1, "blocks", []), (1, "selective", []), (1, "pointwise", []),
                                  (2, "blocks", ["--sharding.strategy=full_shard"])]:
             name = f"plan_{mode}{np_}"
             extra = extra + [f"--train.activation_checkpointing={mode}", "--train.max_steps=3"]

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 35: does f16 (with the dynamic loss scaler) learn as well as bf16? GPT d12 on a real-text,
+# byte-level corpus (the Python sources of the machine it runs on: every *.py under
+# /usr/lib/python3*, one document each, via scripts/data/text_to_tokens --text), B=32 x 1024,
+# cosine lr 6e-4, bf16 then f16 for each seed with the same seed (same init, same data order), then
+# each run's final test loss, the f16 - bf16 gap per seed, and f16's final loss scale and skipped
+# steps (metrics.jsonl's step records; the log's "step skipped" warnings for older builds).
+# On the device tool: bash scripts/device/run_on_device.sh f16-gap
+# Environment: TRAINER (dist/bin/trainer or build/bin/trainer), OUT (results), STEPS (800), SEEDS
+# ("1 2"), BATCH (32), PRECISIONS ("bf16 f16"), CORPUS_MB (cap on the corpus, 64), ARGS (extra
+# trainer overrides for every run).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+trainer="${TRAINER:-$( [[ -x dist/bin/trainer ]] && echo dist/bin/trainer || echo build/bin/trainer )}"
+out="${OUT:-/tmp/f16_gap}"
+steps="${STEPS:-800}"
+seeds="${SEEDS:-1 2}"
+batch="${BATCH:-32}"
+precisions="${PRECISIONS:-bf16 f16}"
+mkdir -p "$out" datasets
+tokens=datasets/python_bytes.h5
+if [[ ! -f $tokens ]]; then
+  # Real text: the interpreter's own library sources, sorted (the same corpus on every run of one
+  # image), up to CORPUS_MB.
+  find /usr/lib/python3* -name '*.py' -type f -size +0 2>/dev/null | LC_ALL=C sort |
+    python3 -c "
+import os, sys
+cap, total = int(sys.argv[1]) << 20, 0
+for p in sys.stdin.read().split():
+    total += os.path.getsize(p)
+    if total > cap: break
+    print(p)" "${CORPUS_MB:-64}" >/tmp/f16_gap_files.txt
+  [[ -s /tmp/f16_gap_files.txt ]] || { echo "f16_gap: no *.py under /usr/lib/python3*" >&2; exit 2; }
+  xargs -a /tmp/f16_gap_files.txt -d '\n' python3 scripts/data/text_to_tokens --test-fraction 0.02 --out $tokens --text
+fi
+for seed in $seeds; do
+  for p in $precisions; do
+    name="$p-seed$seed"
+    rm -rf "${out:?}/$name"
+    echo "== $name"
+    # shellcheck disable=SC2086  # ARGS is split into words on purpose
+    "$trainer" --config configs/gpt_d12.ini --data.path=$tokens --model.vocab_size=256 --model.padded_vocab=256 \
+      --train.batch_size="$batch" --train.max_steps="$steps" --train.precision="$p" --run.seed="$seed" \
+      --schedule.warmup_steps=$((steps / 20)) --run.log_interval=50 --train.eval_batches=40 \
+      --run.dir="$out" --run.name="$name" ${ARGS:-} 2>&1 | tee "$out/$name.log" |
+      grep -E "step [0-9]+/[0-9]+ epoch|final|error" || true
+    echo "$(grep -c "step skipped" "$out/$name.log" || true) step(s) skipped; first: $(grep -m3 -o "step [0-9]*: inf/nan.*" "$out/$name.log" | tr "\n" ";")"
+  done
+done
+python3 - "$out" "$seeds" "$precisions" <<'PY'
+import json, os, re, sys
+out, seeds, precs = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+def final(name):
+    path = f"{out}/{name}/metrics.jsonl"
+    if not os.path.exists(path):
+        return None, {}
+    recs = [json.loads(l) for l in open(path)]
+    fin = [r for r in recs if r["type"] == "final"]
+    steps = [r for r in recs if r["type"] == "step"]
+    return (fin[-1]["test_loss"] if fin else None), (steps[-1] if steps else {})
+gaps = []
+for s in seeds:
+    losses = {}
+    for p in precs:
+        name = f"{p}-seed{s}"
+        loss, last = final(name)
+        losses[p] = loss
+        log = open(f"{out}/{name}.log").read() if os.path.exists(f"{out}/{name}.log") else ""
+        skipped = last.get("skipped_steps", len(re.findall(r"step skipped", log)))
+        scale = last.get("loss_scale")
+        extra = f", loss scale {scale}, skipped steps {skipped}" if p == "f16" else ""
+        print(f"seed {s} {p}: final test_loss {loss}{extra}")
+    if losses.get("f16") is not None and losses.get("bf16") is not None:
+        gaps.append(losses["f16"] - losses["bf16"])
+        print(f"seed {s}: f16 - bf16 = {gaps[-1]:+.4f} nats")
+if gaps:
+    print(f"worst gap {max(gaps, key=abs):+.4f} nats (acceptance: within 0.01)")
+PY
