@@ -187,6 +187,18 @@ CheckpointMeta CheckpointManager::metaOf(const TrainState& st, Parallelism& par,
   for (size_t i = 0; i < table.size(); ++i)
     m.params.push_back({table[i].name, table[i].shape, table[i].offset});
   if (compressorState) m.compression = par.reducer()->name();
+  if (!st.fp8.empty()) {  // every rank's FP8 scaling state (the same length everywhere: one model)
+    const int64_t n = static_cast<int64_t>(st.fp8.size());
+    Tensor mineFp8 = Tensor::fromBlob(const_cast<int64_t*>(st.fp8.data()), {n}, DType::kI64);
+    Tensor allFp8 = Tensor::empty({W * n}, DType::kI64);
+    if (W > 1)
+      control().allGather(mineFp8, allFp8)->wait(timeout_);
+    else
+      allFp8.copyFrom(mineFp8);
+    const int64_t* p = allFp8.data<int64_t>();
+    for (int q = 0; q < W; ++q)
+      m.fp8Ranks.emplace_back(p + q * n, p + (q + 1) * n);
+  }
   for (int q = 0; q < W; ++q)
     m.files.push_back({"rank" + std::to_string(q) + ".h5", static_cast<uint32_t>(all.data<int64_t>()[2 * q]),
                        all.data<int64_t>()[2 * q + 1]});
@@ -497,7 +509,15 @@ TrainState CheckpointManager::load(const std::string& path, Parallelism& par, co
     });
   });
   par.optimizer().setStepCount(meta.optimizerSteps);
-  return meta.state;
+  TrainState st = meta.state;
+  if (!meta.fp8Ranks.empty()) {
+    const bool sameWorld = meta.worldSize == control().size();
+    st.fp8 = meta.fp8Ranks[sameWorld ? static_cast<size_t>(control().rank()) : 0];
+    if (!sameWorld && control().rank() == 0)
+      MT_LOG_WARN << "checkpoint " << path << " was written by " << meta.worldSize << " ranks, this run has "
+                  << control().size() << ": every rank continues from rank 0's FP8 scaling state";
+  }
+  return st;
 }
 
 }  // namespace mt

@@ -175,6 +175,42 @@ void parseIdentity(const Fields& f, const Json& j, CheckpointMeta& m) {
   }
 }
 
+// "fp8": {"names": [...], "ranks": [[casts, bits...] per rank]}: names unique, every rank's list
+// the same length, a whole number of states of at least [scale, scaleInv, amax, h_0] each.
+void parseFp8(const Fields& f, const Json& j, CheckpointMeta& m) {
+  auto it = j.find("fp8");
+  if (it == j.end()) return;
+  const Json& o = f.object(*it, "fp8");
+  const Json& names = f.array(o, "names", "fp8.names", 1 << 20);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string key = "fp8.names[" + std::to_string(i) + "]";
+    m.state.fp8Names.push_back(f.string(names[i], key, 256));
+    if (!plainName(m.state.fp8Names.back(), true)) f.fail(key, "is not a state name: " + shown(names[i]));
+  }
+  std::vector<std::string> sorted = m.state.fp8Names;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) f.fail("fp8.names", "repeat a name");
+  const Json& ranks = f.array(o, "ranks", "fp8.ranks", static_cast<size_t>(m.worldSize));
+  if (static_cast<int>(ranks.size()) != m.worldSize)
+    f.fail("fp8.ranks", "must hold world_size (" + std::to_string(m.worldSize) + ") lists");
+  const size_t n = names.size();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::string key = "fp8.ranks[" + std::to_string(r) + "]";
+    const Json& v = ranks[r];
+    // Per state: the cast count, then [scale, scaleInv, amax] and 1..1024 history values.
+    if (!v.is_array() || n == 0 || v.size() % n != 0 || v.size() / n < 5 || v.size() / n > 1028 ||
+        (r > 0 && v.size() != m.fp8Ranks[0].size()))
+      f.fail(key,
+             "must be a list of a whole number of states (5 to 1028 values each) per name, as long as "
+             "fp8.ranks[0]");
+    std::vector<int64_t> vals(v.size());
+    const size_t per = v.size() / n;
+    for (size_t k = 0; k < v.size(); ++k)
+      vals[k] = f.integer(v[k], key, 0, k % per == 0 ? kMaxCount : 0xffffffffll);
+    m.fp8Ranks.push_back(std::move(vals));
+  }
+}
+
 CheckpointMeta parseChecked(const Fields& f, const Json& j) {
   CheckpointMeta m;
   m.version = static_cast<int>(f.integer(j, "version", "version", 1, 1 << 30));
@@ -214,6 +250,7 @@ CheckpointMeta parseChecked(const Fields& f, const Json& j) {
   // Quantization-aware training's observers (models/quant/QuantizedModel checks the contents).
   const auto qat = j.find("qat");
   if (qat != j.end()) st.qat = f.object(*qat, "qat").dump();
+  parseFp8(f, j, m);
   return m;
 }
 
@@ -257,6 +294,7 @@ std::string CheckpointMeta::toJson() const {
                  {"train_split", identity.trainSplit},
                  {"batch_size", identity.globalBatch}};
   if (!compression.empty()) j["compression"] = compression;
+  if (!fp8Ranks.empty()) j["fp8"] = {{"names", state.fp8Names}, {"ranks", fp8Ranks}};
   Json fs = Json::array();
   for (const auto& f : files)
     fs.push_back({{"name", f.name}, {"crc32", f.crc32}, {"payload_bytes", f.payloadBytes}});

@@ -31,6 +31,12 @@ struct TrainState {
   // Quantization-aware training's observer state (models/quant/QuantizedModel::stateJson, JSON
   // text, "qat" in meta.json); "" without train.qat.
   std::string qat;
+  // FP8 scaling states (train.precision = fp8; core/Fp8.h): the model's state names in order, and
+  // this rank's states packed as, per state, its cast count then the f32 bits of its values. On
+  // save, every rank's; on load, this rank's (rank 0's on another world size: amax values are
+  // per rank, as each rank scales its own activations).
+  std::vector<std::string> fp8Names;
+  std::vector<int64_t> fp8;
 };
 
 // What a checkpoint was trained on besides its state: a resume on another model is refused, on
@@ -65,6 +71,8 @@ struct CheckpointMeta {
   std::string compression;              // method whose per-rank state the files hold; "" none
   std::vector<CheckpointParam> params;
   std::vector<CheckpointFile> files;
+  // "fp8": every rank's packed FP8 state (TrainState::fp8), same length for all; empty: none.
+  std::vector<std::vector<int64_t>> fp8Ranks;
 
   // The JSON text of meta.json, with its checksum.
   std::string toJson() const;

@@ -141,7 +141,10 @@ const std::vector<ConfigKey>& configSchema() {
       choice("train.precision", "f32",
              {{"f32", ""},
               {"bf16", "bf16 matmuls, f32 master weights"},
-              {"f16", "plus dynamic loss scaling"}}),
+              {"f16", "plus dynamic loss scaling"},
+              {"fp8",
+               "gpt: the block Linears (fp8.layers) multiply in FP8 with per-tensor scaling (fp8.*), the "
+               "rest as bf16; on the CPU the FP8 rounding is emulated around f32"}}),
       real("train.loss_scale_init", "65536", within(1, 1e15, false, false),
            "f16: the loss scaler's first scale (torch GradScaler's init_scale); halved at every step with "
            "inf/nan gradients, which is skipped"),
@@ -201,6 +204,17 @@ const std::vector<ConfigKey>& configSchema() {
       real("compression.topk_fraction", "0.01", within(0, 1, true, false), "topk: fraction of each bucket's entries sent"),
       integer("compression.topk_warmup_steps", "0", kNonNegative,
               "topk: steps after start_iter over which the fraction falls geometrically from 1 to topk_fraction"),
+      // fp8 (train.precision = fp8)
+      choice("fp8.recipe", "delayed", choicesOf(fp8Recipes()),
+             "per-tensor scales fp8_max / amax / 2^fp8.margin (core/Fp8.h)"),
+      integer("fp8.amax_history", "16", within(1, 1024, false, false),
+              "delayed: casts whose amax the scale covers"),
+      integer("fp8.margin", "0", within(0, 16, false, false),
+              "scales divided by 2^margin (headroom for growth)"),
+      choice("fp8.grad_format", "e5m2", choicesOf(fp8Formats()),
+             "format of the output gradients in backward (activations and weights are e4m3)"),
+      text("fp8.layers", "qkv,proj,fc,fcproj",
+           "which block Linears run in FP8 (comma-separated: qkv, proj, fc, fcproj); the others stay bf16"),
       // sharding
       choice("sharding.strategy", "no_shard", choicesOf(shardStrategies())),
       choice("sharding.offload", "none",

@@ -188,7 +188,10 @@ int planCommand(const std::vector<std::string>& args) {
   const bool cuda = s.device == "cuda";
   PlanContext pc;
   pc.device = cuda ? Device::cuda(0) : Device::cpu();
-  pc.matmul = cuda && s.precision == "bf16" ? DType::kBF16 : cuda && s.precision == "f16" ? DType::kF16 : DType::kF32;
+  // fp8: the layers outside the FP8 Linears run in bf16 (their own caches: Gpt::planActivations).
+  pc.matmul = cuda && (s.precision == "bf16" || s.precision == "fp8") ? DType::kBF16
+              : cuda && s.precision == "f16"                          ? DType::kF16
+                                                                      : DType::kF32;
   if (s.globalBatch % ranks != 0 || (s.globalBatch / ranks) % s.gradAccum != 0)
     cfg.fail("train.batch_size", "the global batch " + std::to_string(s.globalBatch) + " does not split over " +
                                      std::to_string(ranks) + " ranks x " + std::to_string(s.gradAccum) +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
 
 #include "core/EnvParams.h"
 #include "core/Log.h"
@@ -25,6 +26,35 @@ E enumOf(const Config& c, const std::string& key, const EnumTable<E>& table) {
   E v{};
   if (!parseEnum(table, c.str(key), &v)) c.fail(key, "not one of its names");
   return v;
+}
+
+// train.precision = fp8: the FP8 options of the GPT's block Linears (fp8.*).
+void readFp8(const Config& c, const std::string& modelType, Settings& s) {
+  Fp8Training& f = s.gpt.fp8;
+  f.enabled = s.precision == "fp8";
+  if (f.enabled && modelType != "gpt")
+    c.fail("train.precision", "fp8 trains the GPT's block Linears: needs model.type = gpt");
+  f.options.recipe = enumOf(c, "fp8.recipe", fp8Recipes());
+  f.options.historyLength = static_cast<int>(c.i64("fp8.amax_history"));
+  f.options.margin = static_cast<int>(c.i64("fp8.margin"));
+  f.gradFormat = enumOf(c, "fp8.grad_format", fp8Formats());
+  GptConfig::Fp8Layers& l = s.gpt.fp8Layers;
+  l = {false, false, false, false};
+  std::stringstream ss(c.str("fp8.layers"));
+  std::string name;
+  while (std::getline(ss, name, ',')) {
+    if (name == "qkv")
+      l.qkv = true;
+    else if (name == "proj")
+      l.proj = true;
+    else if (name == "fc")
+      l.fc = true;
+    else if (name == "fcproj")
+      l.fcProj = true;
+    else if (!name.empty())
+      c.fail("fp8.layers",
+             "unknown layer '" + name + "' (expected a comma-separated list of qkv, proj, fc, fcproj)");
+  }
 }
 }  // namespace
 
@@ -101,7 +131,9 @@ Settings Settings::fromConfig(const Config& c) {
   s.evalInterval = c.i64("train.eval_interval");
   s.device = c.str("train.device");
   s.precision = c.str("train.precision");
-  if (s.precision != "f32" && s.device != "cuda") c.fail("train.precision", "bf16 and f16 need train.device = cuda");
+  if (s.precision != "f32" && s.precision != "fp8" && s.device != "cuda")
+    c.fail("train.precision", "bf16 and f16 need train.device = cuda");
+  readFp8(c, m.type, s);
   s.lossScaleInit = c.f64("train.loss_scale_init");
   s.lossScaleGrowthInterval = c.i64("train.loss_scale_growth_interval");
   s.memoryCapMb = c.i64("train.memory_cap_mb");

@@ -15,6 +15,7 @@
 #include "core/Timer.h"
 #include "core/optim/LossScaler.h"
 #include "launch/Failure.h"
+#include "launch/Fp8Checkpoint.h"
 #include "launch/NcclReport.h"
 #include "launch/SetupAgreement.h"
 #include "models/layers/SoftmaxCrossEntropy.h"
@@ -119,9 +120,10 @@ void Trainer::setupDevice() {
   // emulated 4-rank nodes on one 8-GPU machine are local rank 0 both, but need GPUs 0 and 4.
   cuda_ = std::make_unique<CudaRuntime>(mpi_.machineLocalRank() % n);
   device_ = cuda_->dev();
-  cuda_->setMatmulPrecision(s_.precision == "bf16"   ? MatmulPrecision::kBF16
-                            : s_.precision == "f16" ? MatmulPrecision::kF16
-                                                    : MatmulPrecision::kF32);
+  // fp8: the block Linears multiply in FP8 (models/layers/Fp8Linear.h), everything else in bf16.
+  cuda_->setMatmulPrecision(s_.precision == "bf16" || s_.precision == "fp8" ? MatmulPrecision::kBF16
+                            : s_.precision == "f16"                         ? MatmulPrecision::kF16
+                                                                            : MatmulPrecision::kF32);
   if (s_.memoryCapMb > 0) cuda_->allocator().setMemoryCap(static_cast<size_t>(s_.memoryCapMb) << 20);
   if (s_.precision == "f16") {
     LossScalerOptions o;
@@ -310,6 +312,7 @@ void Trainer::resumeIfAny() {
   if (qat_ && st.qat.empty() && st.step > 0 && world_->rank() == 0)
     MT_LOG_WARN << "checkpoint " << path << " holds no quantization state (trained without train.qat): the observers "
                 << (st.step < s_.qatObserveSteps ? "start afresh" : "are past train.qat_observe_steps and see nothing");
+  restoreFp8States(*model_, st, world_->rank() == 0, path);
   resumed_ = true;
   if (world_->rank() == 0)
     MT_LOG_INFO << "resumed from " << path << " at step " << startStep_ << " (written by " << st.strategy << " training)";
@@ -370,6 +373,7 @@ void Trainer::saveCheckpoint(int64_t stepsDone) {
   }
   st.strategy = parallelism_->strategyName();
   if (qat_) st.qat = qat_->stateJson();
+  packFp8States(*model_, st);
   Stopwatch took;
   ckpt_->save(st, *parallelism_, model_->params());
   if (metrics_) metrics_->checkpointWritten(stepsDone, took.elapsed());

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/Batch.h"
+#include "core/Fp8.h"
 #include "core/ModelHooks.h"
 #include "core/ParamTable.h"
 #include "models/Module.h"
@@ -34,6 +35,9 @@ class Model {
   virtual void initParams(uint64_t seed) = 0;
   virtual int64_t activationBytes() const = 0;
   virtual void clearActivations() = 0;
+  // The FP8 scaling states of the layers that train in FP8 (train.precision = fp8), named uniquely
+  // and in a fixed order (checkpoints save and restore them); none by default.
+  virtual std::vector<std::pair<std::string, Fp8State*>> fp8States() { return {}; }
 
  protected:
   ParamTable params_;

@@ -23,15 +23,16 @@ constexpr size_t kGemmWorkspace = 32u << 20;
 struct PlanKey {
   int ta, tb;
   int64_t M, N, K;
-  int ab, c, epi, biasType;
-  bool hasBeta;
+  int ab, bt, c, epi, biasType;
+  bool hasBeta, scaled, fastAccum;
   int64_t batch, sA, sB, sC, ldAux;
   uint32_t alignA, alignB, alignC, alignBias;  // algorithms differ by operand alignment
   bool operator<(const PlanKey& o) const {
-    return std::tie(ta, tb, M, N, K, ab, c, epi, biasType, hasBeta, batch, sA, sB, sC, ldAux, alignA, alignB,
-                    alignC, alignBias) < std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ab, o.c, o.epi, o.biasType,
-                                                  o.hasBeta, o.batch, o.sA, o.sB, o.sC, o.ldAux, o.alignA,
-                                                  o.alignB, o.alignC, o.alignBias);
+    return std::tie(ta, tb, M, N, K, ab, bt, c, epi, biasType, hasBeta, scaled, fastAccum, batch, sA, sB, sC,
+                    ldAux, alignA, alignB, alignC,
+                    alignBias) < std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ab, o.bt, o.c, o.epi, o.biasType,
+                                          o.hasBeta, o.scaled, o.fastAccum, o.batch, o.sA, o.sB, o.sC,
+                                          o.ldAux, o.alignA, o.alignB, o.alignC, o.alignBias);
   }
 };
 
@@ -59,6 +60,16 @@ void setBatch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
                                                 sizeof(stride)));
 }
 
+// FP8 scales: Lt's A is our B, so our B's scale is its A scale.
+void setScalePointers(cublasLtMatmulDesc_t op, const GemmCall& g) {
+  if (g.scaleB)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.scaleB,
+                                                sizeof(g.scaleB)));
+  if (g.scaleA)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.scaleA,
+                                                sizeof(g.scaleA)));
+}
+
 uint32_t alignmentOf(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   uint32_t al = 256;
@@ -75,10 +86,13 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
               g.N,
               g.K,
               static_cast<int>(g.abType),
+              static_cast<int>(g.bType == kSameAsA ? g.abType : g.bType),
               static_cast<int>(g.cType),
               static_cast<int>(g.epilogue),
               static_cast<int>(g.biasType),
               g.beta != 0.f,
+              g.scaleA != nullptr || g.scaleB != nullptr,
+              g.fastAccum,
               g.batch,
               g.strideA,
               g.strideB,
@@ -104,6 +118,11 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
   if (g.ldAux)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldAux,
                                                 sizeof(g.ldAux)));
+  if (g.fastAccum) {
+    const int8_t fast = 1;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  }
+  setScalePointers(p.op, g);
   if (g.biasType != kDefaultBiasType) {
     const int32_t bt = static_cast<int32_t>(g.biasType);
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
@@ -111,7 +130,9 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
   // Stored shapes (column-major): our B is [K,N] row-major (or [N,K] when transposed).
   const uint64_t aRows = g.transB == Trans::kYes ? g.K : g.N, aCols = g.transB == Trans::kYes ? g.N : g.K;
   const uint64_t bRows = g.transA == Trans::kYes ? g.M : g.K, bCols = g.transA == Trans::kYes ? g.K : g.M;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.abType, aRows, aCols, static_cast<int64_t>(aRows)));
+  // Lt's A is our B: B's type.
+  const cudaDataType_t bType = g.bType == kSameAsA ? g.abType : g.bType;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, bType, aRows, aCols, static_cast<int64_t>(aRows)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, g.abType, bRows, bCols, static_cast<int64_t>(bRows)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, g.cType, g.N, g.M, g.N));
   setBatch(p.a, g.batch, g.strideB);
@@ -163,6 +184,7 @@ bool tryGemm(const GemmCall& g) {
   if (g.aux)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux,
                                                 sizeof(g.aux)));
+  setScalePointers(p.op, g);
   void* ws = rt.workspace(kGemmWorkspace);
   CUBLAS_CHECK(cublasLtMatmul(rt.cublasLt(), p.op, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.Cin ? g.Cin : g.C,
                               p.c, g.C, p.c, &p.algo, ws, kGemmWorkspace, currentStream()));

@@ -84,6 +84,12 @@ Gpt::Gpt(const GptConfig& cfg) : cfg_(cfg) {
     b.ln2->registerParams(params_, p + "ln_2.");
     b.fc->registerParams(params_, p + "mlp.c_fc.");
     b.fcProj->registerParams(params_, p + "mlp.c_proj.");
+    if (cfg.fp8.enabled) {
+      if (cfg.fp8Layers.qkv) b.qkv->enableFp8(cfg.fp8);
+      if (cfg.fp8Layers.proj) b.proj->enableFp8(cfg.fp8);
+      if (cfg.fp8Layers.fc) b.fc->enableFp8(cfg.fp8);
+      if (cfg.fp8Layers.fcProj) b.fcProj->enableFp8(cfg.fp8);
+    }
     blocks_.push_back(std::move(b));
   }
   params_.beginUnit(static_cast<int>(cfg.layers) + 1);
@@ -175,6 +181,16 @@ void Gpt::checkpoint(Block& b, const Tensor& x, const Tensor& qkvOut, const Tens
 // the GEMMs whose outputs it kept their recomputed inputs.
 void Gpt::recompute(Block& b, Context& ctx) {
   MT_CHECK(b.input.defined(), "gpt: a checkpointed block's backward without its forward");
+  // FP8 casts replay the forward's scales (the Linears' scaling states are not stepped again).
+  struct Replay {
+    Block& b;
+    explicit Replay(Block& bl) : b(bl) { set(true); }
+    ~Replay() { set(false); }
+    void set(bool on) {
+      for (Linear* l : {b.qkv.get(), b.proj.get(), b.fc.get(), b.fcProj.get()})
+        l->setRecomputing(on);
+    }
+  } replay(b);
   if (cfg_.checkpointing == ActivationCheckpointing::kBlocks) {
     Tensor x = b.input;
     b.input = Tensor();
@@ -191,6 +207,20 @@ void Gpt::recompute(Block& b, Context& ctx) {
   Tensor h2 = b.ln2->forward(x1, ctx);
   Tensor g = b.fc->forwardGelu(h2, ctx, &b.pre);
   b.fcProj->restoreInput(g, ctx);
+}
+
+std::vector<std::pair<std::string, Fp8State*>> Gpt::fp8States() {
+  std::vector<std::pair<std::string, Fp8State*>> out;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block& b = blocks_[l];
+    const std::pair<const char*, Linear*> layers[] = {
+        {"qkv", b.qkv.get()}, {"proj", b.proj.get()}, {"fc", b.fc.get()}, {"fcproj", b.fcProj.get()}};
+    for (const auto& [name, lin] : layers)
+      if (Fp8Linear* f = lin->fp8())
+        for (const auto& [tensor, st] : f->states())
+          out.emplace_back("h" + std::to_string(l) + "." + name + "." + tensor, st);
+  }
+  return out;
 }
 
 void Gpt::setPrecisionRoles() {
@@ -388,13 +418,26 @@ ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, 
   // Per block, as forward() keeps them: the f32 residual stream into ln1 and ln2 (with mean and
   // rstd), the LayerNorm outputs the qkv and fc GEMMs read, qkv (attention's input), attention's
   // output (the projection's input), fc's pre-activation and the GELU output fcProj reads.
-  const int64_t residual = 2 * N * C * 4 + 2 * 2 * N * 4, lnOut = 2 * N * C * a, qkv = 3 * N * C * a;
+  const int64_t residual = 2 * N * C * 4 + 2 * 2 * N * 4, qkv = 3 * N * C * a;
+  int64_t lnOut = 2 * N * C * a;
   // Attention keeps one f32 log-sum-exp per row (our flash kernels round T up to 4 per (b, h);
   // cuDNN's statistics are [B, H, T]; auto may run either: the larger), or f32 P [B,H,T,T].
   const int64_t lseRow = cfg.attention == AttentionBackend::kCudnn ? T : (T + 3) / 4 * 4;
   const int64_t att = low ? B * H * lseRow * 4 : B * H * T * T * 4;
-  const int64_t attention = N * C * a + att, mlp = 2 * 4 * N * C * a,
-                casts = low && !sharded ? 12 * C * C * a : 0;
+  int64_t attention = N * C * a + att, mlp = 2 * 4 * N * C * a, casts = low && !sharded ? 12 * C * C * a : 0;
+  if (cfg.fp8.enabled) {
+    // An FP8 Linear keeps its input and weight as 1-byte transposed codes instead (even sharded):
+    // the LayerNorm outputs and the GELU output are then not kept, attention's output still is
+    // (attention backward reads it), plus its 1-byte copy.
+    const GptConfig::Fp8Layers& f = cfg.fp8Layers;
+    lnOut -= (f.qkv ? N * C * (a - 1) : 0) + (f.fc ? N * C * (a - 1) : 0);
+    attention += f.proj ? N * C : 0;
+    mlp -= f.fcProj ? 4 * N * C * (a - 1) : 0;
+    casts = 0;
+    for (const auto& [on, params] :
+         {std::pair{f.qkv, 3 * C * C}, {f.proj, C * C}, {f.fc, 4 * C * C}, {f.fcProj, 4 * C * C}})
+      casts += on ? params : (low && !sharded ? params * a : 0);
+  }
   if (L > 0) {
     p.add("residual (layernorm inputs)", L * residual);
     p.add("layernorm outputs", L * lnOut);
@@ -438,6 +481,10 @@ int64_t Gpt::activationBytes() const {
     for (const Tensor* t : {&blk.pre, &blk.input, &blk.qkvOut, &blk.x1})
       if (t->defined()) b += static_cast<int64_t>(t->nbytes());
     b += blk.att.bytes();
+    // Attention's output is counted as the projection's input, unless an FP8 projection keeps its
+    // 1-byte copy instead.
+    if (blk.proj->fp8() && blk.proj->fp8()->holdsCache() && blk.att.y.defined())
+      b += static_cast<int64_t>(blk.att.y.nbytes());
   }
   return b + lnf_->cachedBytes();
 }

@@ -16,7 +16,10 @@
 // in the matmul dtype as well; the residual stream and its gradient stay f32 (LayerNorm backward
 // also writes the gradient's copy in the matmul dtype that the projection GEMMs read). The MLP's
 // GELU is fused into the fc GEMM and its derivative into fcProj's input-gradient GEMM (cuBLASLt
-// epilogues). Backward accumulates into Param::grad.
+// epilogues). Backward accumulates into Param::grad. With GptConfig::fp8 (train.precision = fp8) the
+// block Linears chosen by fp8Layers multiply in FP8 instead (models/layers/Fp8Linear.h: E4M3
+// activations and weights, E5M2 gradients, per-tensor scaling states named by fp8States()); the
+// fc GELU then runs as its own kernel, and recomputation replays the forward's FP8 scales.
 // Init (GPT-2): N(0, 0.02) weights, N(0, 0.01) positions, residual projections N(0, 0.02/sqrt(2L)),
 // zero biases, unit LayerNorm gains.
 //
@@ -73,6 +76,12 @@ struct GptConfig {
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   int64_t checkpointEvery = 1;  // blocks 0, k, 2k, ... are checkpointed
   AttentionBackend attention = AttentionBackend::kAuto;  // the GPU's fused attention kernel (model.attention)
+  // FP8 training of the block Linears (train.precision = fp8): which of them, and how. Embeddings,
+  // LayerNorms, attention and the classifier stay in the matmul dtype (bf16 on the GPU, f32 on the CPU).
+  Fp8Training fp8;
+  struct Fp8Layers {
+    bool qkv = true, proj = true, fc = true, fcProj = true;
+  } fp8Layers;
   bool checkpointed(int64_t block) const {
     return checkpointing != ActivationCheckpointing::kNone && block % checkpointEvery == 0;
   }
@@ -113,6 +122,8 @@ class Gpt final : public Model {
   static ActivationPlan planActivations(const GptConfig& cfg, int64_t B, int64_t T, const PlanContext& pc,
                                         bool sharded);
   void clearActivations() override;
+  // "h<l>.<qkv|proj|fc|fcproj>.<x|w|dy>" for the blocks' FP8 Linears.
+  std::vector<std::pair<std::string, Fp8State*>> fp8States() override;
 
  private:
   struct Block {

@@ -12,6 +12,8 @@ namespace mt::cuda {
 void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual);
 void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
                     const Tensor* dyColSum);
+// db[O] += colsum(dy [N,O]) (dy f32/bf16/f16): the deterministic column-sum kernels of linearBackward.
+void linearBiasGrad(Tensor& db, const Tensor& dy);
 void linearGeluForward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b);
 void linearBackwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
                          const Tensor& pre, Tensor* dpreColSum);

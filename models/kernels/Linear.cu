@@ -141,6 +141,21 @@ __global__ void addIntoKernel(float* y, const float* x, int64_t n) {
     y[i] += x[i];
 }
 
+// db[O] += colsum(dy [N, O]).
+void colSumInto(Tensor& db, const Tensor& dyRaw, int64_t N, int64_t O) {
+  const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+  Tensor part = Tensor::empty({chunks, O}, DType::kF32, dyRaw.device());
+  dim3 grid(static_cast<unsigned>((O + 255) / 256), static_cast<unsigned>(chunks));
+  dispatchFloat(dyRaw.dtype(), [&](auto t) {
+    using T = decltype(t);
+    colSumPartial<<<grid, 256, 0, currentStream()>>>(static_cast<const T*>(dyRaw.rawData()),
+                                                     part.data<float>(), N, O);
+  });
+  colSumFinal<<<static_cast<unsigned>((O + 31) / 32), 32 * kColReduceRows, 0, currentStream()>>>(
+      part.data<float>(), db.data<float>(), chunks, O);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 // dW += dy^T x and db += colsum(dy), dy and x already in the matmul dtype (dyRaw: dy as given, for
 // the column sums, which read f32 gradients as they are); dyColSum: colsum(dy) already computed
 // (f32 [O], by an earlier GEMM's epilogue).
@@ -161,17 +176,7 @@ void weightGrads(Tensor& dw, Tensor* db, const Tensor& dyo, const Tensor& dyRaw,
     addIntoKernel<<<gridFor(O), 256, 0, currentStream()>>>(db->data<float>(), dyColSum->data<float>(), O);
     CUDA_CHECK(cudaGetLastError());
   } else if (db) {
-    const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
-    Tensor part = Tensor::empty({chunks, O}, DType::kF32, dyRaw.device());
-    dim3 grid(static_cast<unsigned>((O + 255) / 256), static_cast<unsigned>(chunks));
-    dispatchFloat(dyRaw.dtype(), [&](auto t) {
-      using T = decltype(t);
-      colSumPartial<<<grid, 256, 0, currentStream()>>>(static_cast<const T*>(dyRaw.rawData()), part.data<float>(), N,
-                                                        O);
-    });
-    colSumFinal<<<static_cast<unsigned>((O + 31) / 32), 32 * kColReduceRows, 0, currentStream()>>>(
-        part.data<float>(), db->data<float>(), chunks, O);
-    CUDA_CHECK(cudaGetLastError());
+    colSumInto(*db, dyRaw, N, O);
   }
 }
 }  // namespace
@@ -187,6 +192,11 @@ void linearForward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b,
     g.Cin = residual->rawData();
   }
   gemmBias(g, b, y.dtype());
+}
+
+void linearBiasGrad(Tensor& db, const Tensor& dy) {
+  const int64_t O = db.numel(), N = dy.numel() / O;
+  if (N > 0 && O > 0) colSumInto(db, dy, N, O);
 }
 
 void linearGeluForward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b) {

@@ -41,14 +41,7 @@ void linearBackward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const 
     const float* sp = dyColSum->data<float>();
     for (int64_t o = 0; o < O; ++o) dbp[o] += sp[o];
   } else if (db) {
-    float* dbp = db->data<float>();
-    parallelFor(O, 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t o = lo; o < hi; ++o) {
-        double acc = 0.0;  // f64 so the column sum does not depend on the batch split
-        for (int64_t n = 0; n < N; ++n) acc += dyp[n * O + o];
-        dbp[o] += static_cast<float>(acc);
-      }
-    });
+    linearBiasGrad(*db, dy);
   }
 }
 
@@ -78,8 +71,13 @@ void Linear::initParams(Rng& rng) {
   if (b_) initUniform(b_->value, rng, -bound, bound);
 }
 
+bool Linear::fp8For(const Tensor& x) const {
+  return fp8_ && Fp8Linear::supports(x.numel() / in_, in_, out_, x.device());
+}
+
 int64_t Linear::cachedBytes() const {
   int64_t n = x_.defined() ? static_cast<int64_t>(x_.nbytes()) : 0;
+  if (fp8_) n += fp8_->cachedBytes();
   if (wo_.defined() && !wo_.sharesStorageWith(w_->value)) n += static_cast<int64_t>(wo_.nbytes());
   return n;
 }
@@ -97,6 +95,11 @@ Tensor Linear::weightOperand(const Context& ctx) {
 Tensor Linear::forward(const Tensor& x, Context& ctx) {
   Shape outShape = x.shape();
   outShape.back() = out_;
+  if (fp8For(x)) {
+    Tensor y = Tensor::empty(outShape, outputDType(x.device()), x.device());
+    fp8_->forward(y, x, w_->value, b_ ? &b_->value : nullptr, nullptr, fp8Mode(ctx));
+    return y;
+  }
   Tensor xo = castTo(x, matmulDType(x.device()));
   Tensor y = Tensor::empty(outShape, outputDType(x.device()), x.device());
   linearForward(y, xo, weightOperand(ctx), b_ ? &b_->value : nullptr);
@@ -109,6 +112,11 @@ Tensor Linear::forwardAdd(const Tensor& x, const Tensor& residual, Context& ctx)
   outShape.back() = out_;
   MT_CHECK(shapeNumel(outShape) == residual.numel(), "linear residual ", residual.str(), " for output ",
            shapeStr(outShape));
+  if (fp8For(x)) {
+    Tensor y = Tensor::empty(outShape, residual.dtype(), x.device());
+    fp8_->forward(y, x, w_->value, b_ ? &b_->value : nullptr, &residual, fp8Mode(ctx));
+    return y;
+  }
   Tensor xo = castTo(x, matmulDType(x.device()));
   Tensor y = Tensor::empty(outShape, residual.dtype(), x.device());
   linearForward(y, xo, weightOperand(ctx), b_ ? &b_->value : nullptr, &residual);
@@ -119,6 +127,14 @@ Tensor Linear::forwardAdd(const Tensor& x, const Tensor& residual, Context& ctx)
 Tensor Linear::forwardGelu(const Tensor& x, Context& ctx, Tensor* pre) {
   Shape outShape = x.shape();
   outShape.back() = out_;
+  if (fp8For(x)) {  // the FP8 GEMM, then the GELU kernel (no FP8 GELU epilogue yet)
+    const DType t = outputDType(x.device());
+    Tensor y = Tensor::empty(outShape, t, x.device());
+    *pre = Tensor::empty(outShape, t, x.device());
+    fp8_->forward(*pre, x, w_->value, b_ ? &b_->value : nullptr, nullptr, fp8Mode(ctx));
+    geluForward(y, *pre, GeluKind::kTanh);
+    return y;
+  }
   Tensor xo = castTo(x, matmulDType(x.device()));
   const DType t = outputDType(x.device());
   Tensor y = Tensor::empty(outShape, t, x.device());
@@ -131,11 +147,22 @@ Tensor Linear::forwardGelu(const Tensor& x, Context& ctx, Tensor* pre) {
 void Linear::restoreInput(const Tensor& x, Context& ctx) {
   MT_CHECK(ctx.training && x.dim(-1) == in_, "linear: restoring input ", x.str(), " outside training or for ",
            in_, " inputs");
+  if (fp8For(x)) {
+    fp8_->restore(x, w_->value);
+    return;
+  }
   x_ = castTo(x, matmulDType(x.device()));
   if (!wo_.defined()) weightOperand(ctx);
 }
 
 Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&, Tensor* preColSum) {
+  if (fp8_ && fp8_->holdsCache()) {  // dpre = (dy W) * GELU'(pre): the FP8 GEMM, then the GELU kernel
+    Tensor dg = Tensor::empty(pre.shape(), DType::kF32, pre.device());
+    fp8_->backward(&dg, w_->grad, b_ ? &b_->grad : nullptr, dy, w_->value, nullptr);
+    Tensor dpre = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
+    geluBackward(dpre, dg, pre, GeluKind::kTanh);
+    return dpre;  // *preColSum stays undefined: the caller sums the columns itself
+  }
   MT_CHECK(x_.defined(), "Linear::backward without a training forward");
   MT_CHECK(pre.numel() == x_.numel(), "linear+dGELU: pre-activation ", pre.str(), " for input ", x_.str());
   // In the matmul dtype when pre is (the gradient feeds the previous layer's GEMMs).
@@ -150,8 +177,16 @@ Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&, Tens
 Tensor Linear::backward(const Tensor& dy, Context& ctx) { return backward(dy, ctx, Tensor()); }
 
 Tensor Linear::backward(const Tensor& dy, Context&, const Tensor& dyColSum) {
+  const DType dxType = lowInputGrad_ ? matmulDType(dy.device()) : DType::kF32;
+  if (fp8_ && fp8_->holdsCache()) {
+    Shape inShape = dy.shape();
+    inShape.back() = in_;
+    Tensor dx = needsInputGrad_ ? Tensor::empty(inShape, dxType, dy.device()) : Tensor();
+    fp8_->backward(dx.defined() ? &dx : nullptr, w_->grad, b_ ? &b_->grad : nullptr, dy, w_->value,
+                   dyColSum.defined() ? &dyColSum : nullptr);
+    return dx;
+  }
   MT_CHECK(x_.defined(), "Linear::backward without a training forward");
-  const DType dxType = lowInputGrad_ ? matmulDType(x_.device()) : DType::kF32;
   Tensor dx = needsInputGrad_ ? Tensor::empty(x_.shape(), dxType, x_.device()) : Tensor();
   linearBackward(dx.defined() ? &dx : nullptr, w_->grad, b_ ? &b_->grad : nullptr, dy, x_,
                  wo_.defined() ? wo_ : w_->value, dyColSum.defined() ? &dyColSum : nullptr);

@@ -6,8 +6,13 @@
 //   db[O]   += sum_n dy[n,:]              (accumulates)
 // Leading dimensions of x other than the last are flattened into N.
 // CUDA: x and W may be bf16/f16 (read as they are; f32 ones are cast), y f32 or bf16/f16.
+// FP8 (enableFp8; models/layers/Fp8Linear.h): the three GEMMs in FP8 with per-tensor scaling, on
+// the GPU through cuBLASLt, on the CPU emulated with the same rounding.
+
+#include <memory>
 
 #include "models/Module.h"
+#include "models/layers/Fp8Linear.h"
 
 namespace mt {
 
@@ -62,6 +67,12 @@ class Linear : public Module {
   void releaseInput() { x_ = Tensor(); }
   // dx in the matmul dtype (its consumer is a GEMM or a kernel that reads reduced precision).
   void setLowPrecisionInputGrad(bool low) { lowInputGrad_ = low; }
+  // FP8 GEMMs from now on (train.precision = fp8): the scaling states start afresh.
+  void enableFp8(const Fp8Training& t) { fp8_ = std::make_unique<Fp8Linear>(t); }
+  Fp8Linear* fp8() const { return fp8_.get(); }
+  // While set, FP8 casts replay the scales of the forward being recomputed (activation
+  // checkpointing): the codes and the scaling state are those of a run that kept everything.
+  void setRecomputing(bool on) { recomputing_ = on; }
   Tensor backward(const Tensor& dy, Context& ctx) override;
   // backward(dy) with colsum(dy) given (f32 [out], or undefined: computed here) for the bias.
   Tensor backward(const Tensor& dy, Context& ctx, const Tensor& dyColSum);
@@ -70,6 +81,7 @@ class Linear : public Module {
   void clearCache() override {
     x_ = Tensor();
     wo_ = Tensor();
+    if (fp8_) fp8_->clear();
   }
   int64_t cachedBytes() const override;
 
@@ -87,6 +99,15 @@ class Linear : public Module {
   // cast per step instead of two); undefined otherwise (backward casts again).
   Tensor wo_;
   Tensor weightOperand(const Context& ctx);
+  std::unique_ptr<Fp8Linear> fp8_;
+  bool recomputing_ = false;
+  // Whether this forward takes the FP8 path (enabled and a shape cuBLASLt's FP8 kernels take).
+  bool fp8For(const Tensor& x) const;
+  Fp8Linear::Mode fp8Mode(const Context& ctx) const {
+    return !ctx.training  ? Fp8Linear::Mode::kEval
+           : recomputing_ ? Fp8Linear::Mode::kReplay
+                          : Fp8Linear::Mode::kTrain;
+  }
 };
 
 }  // namespace mt

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the device machine over the carried dist/ (see build_for_device.sh):
-#   bash scripts/device/run_on_device.sh probe|gpu-tests|attention|nccl-ranks|nccl-sanitizer|sharding-scale|largest|f16-gap|bench [args]
+#   bash scripts/device/run_on_device.sh probe|gpu-tests|attention|fp8|nccl-ranks|nccl-sanitizer|sharding-scale|largest|f16-gap|bench [args]
 # Results go to $OUT (when set) as logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -76,6 +76,27 @@ case "$what" in
     echo "=== attention_bench"
     PYTHONUNBUFFERED=1 python3 scripts/bench/attention_bench --check-cudnn --reps "${REPS:-20}" \
       --json "$out/attention_bench.json" "$@" 2>&1 | tee "$out/attention_bench.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    exit $status
+    ;;
+  fp8)
+    # FP8 (issue 35), one call of a few minutes: the casts, scale kernels and FP8 cuBLASLt GEMM
+    # against the CPU emulation (CudaFp8.*: every f32 through the intrinsic, codes bitwise), the
+    # GPT FP8 training tests when the build has them, then fp8_gemm_bench at every GPT width (FP8
+    # against bf16 TFLOP/s; arguments go to the bench, e.g. --widths 768 --reps 10).
+    status=0
+    echo "=== test_cuda_core CudaFp8.*"
+    timeout 200 dist/bin/test_cuda_core --gtest_filter='CudaFp8.*' 2>&1 | tee "$out/test_cuda_fp8.log" |
+      grep -E "OK \]|FAILED|PASSED|fp8 gemm|Failure|mismatch|Expected|Which|GPU tests on" || true
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    if [[ -x dist/bin/test_gpu_parity ]]; then
+      echo "=== test_gpu_parity *Fp8*"
+      timeout 120 dist/bin/test_gpu_parity --gtest_filter='*Fp8*' 2>&1 | tee "$out/test_gpu_parity_fp8.log" |
+        grep -E "OK \]|FAILED|PASSED|fp8|Failure|Expected|Which" || true
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    fi
+    echo "=== fp8_gemm_bench"
+    timeout 240 dist/bin/fp8_gemm_bench "$@" 2>&1 | tee "$out/fp8_gemm_bench.log" | grep -v '^{'
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     exit $status
     ;;

@@ -35,6 +35,11 @@ CheckpointMeta sample() {
   m.compression = "powersgd";
   m.params = {{"fc.weight", {10, 10}, 0}, {"fc.bias", {10}, 100}};
   m.files = {{"rank0.h5", 123, 440}, {"rank1.h5", 4294967295u, 440}};
+  // Two FP8 states, [casts, scale, scaleInv, amax, h_0] bits each, per rank (a NaN amax included).
+  m.state.fp8Names = {"h0.qkv.x", "h0.qkv.w"};
+  m.fp8Ranks = {
+      {3, 0x43e00000, 0x3b924925, 0x3f800000, 0x3f800000, 3, 0x3f800000, 0x3f800000, 0x7fc00000, 0},
+      {3, 0x43e00000, 0x3b924925, 0x40000000, 0x3f800000, 3, 0x3f800000, 0x3f800000, 0xffffffff, 0}};
   return m;
 }
 
@@ -74,6 +79,8 @@ TEST(CheckpointMeta, WhatSaveWritesParsesBack) {
   EXPECT_EQ(m.params[0].shape, (Shape{10, 10}));
   EXPECT_EQ(m.params[1].offset, 100);
   EXPECT_EQ(m.files[1].crc32, 4294967295u);
+  EXPECT_EQ(m.state.fp8Names, sample().state.fp8Names);
+  EXPECT_EQ(m.fp8Ranks, sample().fp8Ranks);
   EXPECT_EQ(m.toJson(), sample().toJson());
 }
 
@@ -115,6 +122,14 @@ TEST(CheckpointMeta, ValuesOfTheWrongTypeOrRangeNameTheKey) {
       {[](Json& j) { j["params"][1]["name"] = "fc.weight"; }, "'params[1].name' repeats fc.weight"},
       {[](Json& j) { j["data"]["batch_size"] = 0; }, "'data.batch_size' must be an integer in [1, "},
       {[](Json& j) { j["compression"] = "zip"; }, "'compression' names no compression method"},
+      {[](Json& j) { j["fp8"]["names"][1] = "h0.qkv.x"; }, "'fp8.names' repeat a name"},
+      {[](Json& j) { j["fp8"]["names"][0] = "../x"; }, "'fp8.names[0]' is not a state name"},
+      {[](Json& j) { j["fp8"]["ranks"].erase(1); }, "'fp8.ranks' must hold world_size (2) lists"},
+      {[](Json& j) { j["fp8"]["ranks"][1].erase(9); }, "'fp8.ranks[1]' must be a list of a whole number"},
+      {[](Json& j) { j["fp8"]["ranks"][0][1] = 4294967296; },
+       "'fp8.ranks[0]' must be an integer in [0, 4294967295]"},
+      {[](Json& j) { j["fp8"]["ranks"][0][0] = -1; }, "'fp8.ranks[0]' must be an integer in [0, "},
+      {[](Json& j) { j["fp8"] = 3; }, "'fp8' must be an object"},
   };
   for (const auto& c : cases)
     EXPECT_EQ(errorOf(edited(c.edit)).rfind(where + c.message, 0), 0u) << errorOf(edited(c.edit));

@@ -117,9 +117,13 @@ TEST(ConfigTable, EnumKeysListTheirEnumsNames) {
   expectSameNames("run.log_level", logLevels());
   expectSameNames("model.layout", layouts());
   expectSameNames("model.attention", attentionBackends());
+  expectSameNames("fp8.recipe", fp8Recipes());
+  expectSameNames("fp8.grad_format", fp8Formats());
   for (const char* key : {"sharding.param_dtype", "sharding.reduce_dtype", "train.precision"})
     for (const auto& name : entry(key).choiceNames()) {
       if (name == "auto") continue;  // sharding.param_dtype: resolved by Settings
+      if (name == "fp8")
+        continue;  // train.precision: FP8 codes with per-tensor scales (core/Fp8.h), no DType
       DType t;
       EXPECT_TRUE(parseDType(name, &t)) << key << " " << name;
     }

@@ -39,6 +39,7 @@ class Plan(unittest.TestCase):
         cases = [("mlp", "fashion_mlp.ini", FASHION, 1, []),
                  ("cnn", "fashion_cnn.ini", FASHION, 1, []),
                  ("gpt", "gpt_tiny.ini", TOKENS, 1, []),
+                 ("gpt_fp8", "gpt_tiny.ini", TOKENS, 1, ["--train.precision=fp8"]),
                  ("mlp_full_shard", "fashion_mlp.ini", FASHION, 2, ["--sharding.strategy=full_shard"]),
                  ("mlp_accum", "fashion_mlp.ini", FASHION, 1, ["--train.grad_accum_steps=4"])]
         with tempfile.TemporaryDirectory() as d:

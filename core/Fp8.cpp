@@ -1,0 +1,248 @@
+// FP8 casts, scaling state and the CPU emulation of the FP8 GEMM (core/Fp8.h). The CPU functions
+// are the reference the CUDA kernels (core/cuda/Fp8.cu) are tested against bit for bit.
+
+#include "core/Fp8.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/Check.h"
+#include "core/Gemm.h"
+#include "core/Parallel.h"
+
+namespace mt {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;
+
+template <typename T>
+float amaxOf(const T* x, int64_t n) {
+  // Per-chunk maxima combined in chunk order: max is exact, so the split does not matter, but a
+  // NaN anywhere must reach the result (std::max would drop it depending on the side).
+  const int64_t chunks = std::max<int64_t>(1, (n + kGrain - 1) / kGrain);
+  std::vector<float> part(static_cast<size_t>(chunks), 0.f);
+  parallelFor(chunks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      float m = 0.f;
+      for (int64_t i = c * kGrain, e = std::min(n, (c + 1) * kGrain); i < e; ++i) {
+        const float a = std::fabs(static_cast<float>(x[i]));
+        if (!(a <= m) && m == m) m = a;  // a NaN, once in m, stays
+      }
+      part[static_cast<size_t>(c)] = m;
+    }
+  });
+  float m = 0.f;
+  for (float p : part)
+    if (!(p <= m) && m == m) m = p;
+  return m;
+}
+
+template <typename T>
+void castLoop(uint8_t* q, uint8_t* qt, const T* x, int64_t n, int64_t cols, float scale, Fp8Format f) {
+  parallelFor(n, kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const uint8_t c = fp8FromFloat(static_cast<float>(x[i]) * scale, f);
+      q[i] = c;
+      if (qt) qt[(i % cols) * (n / cols) + i / cols] = c;
+    }
+  });
+}
+
+// The scale update before a cast (header comment): current from amax(x), delayed from the history.
+void scaleBeforeCast(float* v, int L, Fp8Format f, const Fp8Options& o, bool first, float amaxNow) {
+  if (o.recipe == Fp8Recipe::kDelayed && !first) {
+    const float h = fp8HistoryMax(v + Fp8State::kHistory, L);
+    v[Fp8State::kScale] = fp8ScaleFrom(h, v[Fp8State::kScale], f, o.margin);
+  } else {
+    v[Fp8State::kScale] = fp8ScaleFrom(amaxNow, v[Fp8State::kScale], f, o.margin);
+  }
+  v[Fp8State::kScaleInv] = 1.f / v[Fp8State::kScale];
+}
+
+void pushHistory(float* v, int L, float amax) {
+  for (int i = L - 1; i > 0; --i)
+    v[Fp8State::kHistory + i] = v[Fp8State::kHistory + i - 1];
+  if (L > 0) v[Fp8State::kHistory] = amax;
+  v[Fp8State::kAmax] = amax;
+}
+
+}  // namespace
+
+const EnumTable<Fp8Format>& fp8Formats() {
+  static const EnumTable<Fp8Format> t = {
+      {Fp8Format::kE4M3, "e4m3", "4 exponent, 3 mantissa bits: max 448, 2 significant digits"},
+      {Fp8Format::kE5M2, "e5m2", "5 exponent, 2 mantissa bits: max 57344, wider range for gradients"}};
+  return t;
+}
+
+const EnumTable<Fp8Recipe>& fp8Recipes() {
+  static const EnumTable<Fp8Recipe> t = {
+      {Fp8Recipe::kCurrent, "current", "scale from the amax of the tensor being cast"},
+      {Fp8Recipe::kDelayed, "delayed",
+       "scale from the amax history of the previous casts (Transformer Engine)"}};
+  return t;
+}
+
+Fp8State::Fp8State(Fp8Format format, const Fp8Options& options, Device device)
+    : format_(format), options_(options) {
+  MT_CHECK(options.historyLength >= 1 && options.margin >= 0 && options.margin < 64, "fp8 scaling: history ",
+           options.historyLength, ", margin ", options.margin);
+  std::vector<float> v(static_cast<size_t>(kHistory + options.historyLength), 0.f);
+  v[kScale] = v[kScaleInv] = 1.f;
+  values_ = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kF32, device);
+  write(v);
+}
+
+std::vector<float> Fp8State::read() const {
+  std::vector<float> v(static_cast<size_t>(values_.numel()));
+  Tensor host = Tensor::fromBlob(v.data(), {values_.numel()}, DType::kF32);
+  host.copyFrom(values_);
+  return v;
+}
+
+void Fp8State::write(const std::vector<float>& v) {
+  MT_CHECK(static_cast<int64_t>(v.size()) == values_.numel(), "fp8 scaling state of ", v.size(),
+           " values for ", values_.numel());
+  Tensor host = Tensor::fromBlob(const_cast<float*>(v.data()), {values_.numel()}, DType::kF32);
+  values_.copyFrom(host);
+}
+
+float amaxCpu(const Tensor& x) {
+  MT_CHECK(x.device().isCpu() && x.isContiguous(), "amax of ", x.str());
+  if (x.dtype() == DType::kBF16) return amaxOf(x.data<BFloat16>(), x.numel());
+  MT_CHECK(x.dtype() == DType::kF32, "amax of ", x.str());
+  return amaxOf(x.data<float>(), x.numel());
+}
+
+void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
+  MT_CHECK(q.dtype() == DType::kU8 && q.numel() == x.numel() && q.device() == x.device() && x.isContiguous(),
+           "fp8 cast ", x.str(), " -> ", q.str());
+  const int64_t n = x.numel(), cols = x.ndim() ? x.dim(-1) : 1;
+  if (transposed)
+    MT_CHECK(transposed->dtype() == DType::kU8 && transposed->numel() == n && transposed->dim(0) == cols,
+             "fp8 transposed cast of ", x.str(), " into ", transposed->str());
+  if (x.device().isCuda()) {
+#ifdef MT_WITH_CUDA
+    cuda::fp8QuantizeOnDevice(q, x, st, transposed);
+    return;
+#endif
+  }
+  const int L = st.options().historyLength;
+  float* v = st.values().data<float>();
+  const float amax = amaxCpu(x);
+  scaleBeforeCast(v, L, st.format(), st.options(), st.casts() == 0, amax);
+  uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
+  if (x.dtype() == DType::kBF16)
+    castLoop(q.data<uint8_t>(), qt, x.data<BFloat16>(), n, cols, v[Fp8State::kScale], st.format());
+  else
+    castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, v[Fp8State::kScale], st.format());
+  pushHistory(v, L, amax);
+  st.setCasts(st.casts() + 1);
+}
+
+void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed) {
+  MT_CHECK(q.dtype() == DType::kU8 && q.numel() == x.numel() && q.device() == x.device() && x.isContiguous(),
+           "fp8 cast ", x.str(), " -> ", q.str());
+  const int64_t n = x.numel(), cols = x.ndim() ? x.dim(-1) : 1;
+  if (transposed)
+    MT_CHECK(transposed->dtype() == DType::kU8 && transposed->numel() == n && transposed->dim(0) == cols,
+             "fp8 transposed cast of ", x.str(), " into ", transposed->str());
+  if (x.device().isCuda()) {
+#ifdef MT_WITH_CUDA
+    cuda::fp8QuantizeReplayOnDevice(q, x, st, transposed);
+    return;
+#endif
+  }
+  const float scale = st.values().data<float>()[Fp8State::kScale];
+  uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
+  if (x.dtype() == DType::kBF16)
+    castLoop(q.data<uint8_t>(), qt, x.data<BFloat16>(), n, cols, scale, st.format());
+  else
+    castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, scale, st.format());
+}
+
+void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st) {
+  MT_CHECK(x.dtype() == DType::kF32 && q.dtype() == DType::kU8 && x.numel() == q.numel(), "fp8 dequantize ",
+           q.str(), " -> ", x.str());
+  if (x.device().isCuda()) {
+#ifdef MT_WITH_CUDA
+    cuda::fp8DequantizeOnDevice(x, q, st);
+    return;
+#endif
+  }
+  const float inv = st.values().data<float>()[Fp8State::kScaleInv];
+  const uint8_t* qp = q.data<uint8_t>();
+  float* xp = x.data<float>();
+  const Fp8Format f = st.format();
+  parallelFor(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      xp[i] = fp8ToFloat(qp[i], f) * inv;
+  });
+}
+
+void fp8Gemm(const Fp8GemmArgs& a) {
+  MT_CHECK(a.A && a.B && a.D && a.sa && a.sb, "fp8 gemm: missing operand");
+  MT_CHECK(a.A->numel() == a.M * a.K && a.B->numel() == a.N * a.K && a.D->numel() == a.M * a.N &&
+               a.A->dtype() == DType::kU8 && a.B->dtype() == DType::kU8,
+           "fp8 gemm M=", a.M, " N=", a.N, " K=", a.K, ": A ", a.A->str(), " B ", a.B->str(), " D ",
+           a.D->str());
+  MT_CHECK(a.D->dtype() == DType::kF32 || a.D->dtype() == DType::kBF16, "fp8 gemm output ", a.D->str());
+  if (a.D->device().isCuda()) {
+#ifdef MT_WITH_CUDA
+    cuda::fp8GemmOnDevice(a);
+    return;
+#endif
+  }
+  // Decoding is exact (an fp8 value has at most 4 significant bits), products of two are exact in
+  // f32, so only OpenBLAS's f32 accumulation order differs from the tensor cores'.
+  auto decode = [](const Tensor& t, Fp8Format f) {
+    Tensor out = Tensor::empty(t.shape(), DType::kF32);
+    const uint8_t* s = t.data<uint8_t>();
+    float* d = out.data<float>();
+    parallelFor(t.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        d[i] = fp8ToFloat(s[i], f);
+    });
+    return out;
+  };
+  const Tensor fa = decode(*a.A, a.fa), fb = decode(*a.B, a.fb);
+  Tensor acc = Tensor::empty({a.M, a.N}, DType::kF32);
+  gemmCpu(Trans::kNo, Trans::kYes, a.M, a.N, a.K, 1.f, fa.data<float>(), fb.data<float>(), 0.f,
+          acc.data<float>());
+  const float s =
+      a.sa->values().data<float>()[Fp8State::kScaleInv] * a.sb->values().data<float>()[Fp8State::kScaleInv];
+  const float* ap = acc.data<float>();
+  const bool bf16 = a.D->dtype() == DType::kBF16;
+  MT_CHECK(!a.bias || (a.bias->numel() == a.N &&
+                       (a.bias->dtype() == DType::kF32 || a.bias->dtype() == DType::kBF16)),
+           "fp8 gemm bias ", a.bias ? a.bias->str() : "");
+  // The bias as cuBLASLt's FP8 kernels read it: bf16.
+  std::vector<float> biasValues(a.bias ? static_cast<size_t>(a.N) : 0);
+  for (int64_t n = 0; a.bias && n < a.N; ++n) {
+    const float b = a.bias->dtype() == DType::kBF16 ? static_cast<float>(a.bias->data<BFloat16>()[n])
+                                                    : a.bias->data<float>()[n];
+    biasValues[static_cast<size_t>(n)] = static_cast<float>(BFloat16(b));
+  }
+  const float* bp = a.bias ? biasValues.data() : nullptr;
+  const int64_t N = a.N;
+  parallelFor(a.M, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo; m < hi; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t i = m * N + n;
+        float v = s * ap[i];
+        if (bp) v += bp[n];
+        if (bf16) {
+          BFloat16* d = a.D->data<BFloat16>();
+          if (a.beta != 0.f) v += a.beta * static_cast<float>(d[i]);
+          d[i] = BFloat16(v);
+        } else {
+          float* d = a.D->data<float>();
+          if (a.beta != 0.f) v += a.beta * d[i];
+          d[i] = v;
+        }
+      }
+  });
+}
+
+}  // namespace mt

@@ -1,0 +1,152 @@
+#include "models/layers/Fp8Linear.h"
+
+#include <optional>
+
+#include "core/Check.h"
+#include "core/Parallel.h"
+
+#ifdef MT_WITH_CUDA
+#include "models/kernels/CudaLayers.h"
+#endif
+
+namespace mt {
+
+namespace {
+
+Tensor codes(const Shape& s, Device d) {
+  return Tensor::empty(s, DType::kU8, d);
+}
+
+Fp8GemmArgs gemmArgs(int64_t M, int64_t N, int64_t K, const Tensor& A, Fp8Format fa, const Fp8State& sa,
+                     const Tensor& B, Fp8Format fb, const Fp8State& sb, Tensor& D) {
+  Fp8GemmArgs g;
+  g.M = M, g.N = N, g.K = K;
+  g.A = &A, g.B = &B, g.fa = fa, g.fb = fb, g.sa = &sa, g.sb = &sb, g.D = &D;
+  return g;
+}
+
+}  // namespace
+
+void linearBiasGrad(Tensor& db, const Tensor& dy) {
+  const int64_t O = db.numel(), N = dy.numel() / O;
+  MT_CHECK(db.dtype() == DType::kF32 && dy.numel() == N * O, "bias gradient ", db.str(), " of ", dy.str());
+#ifdef MT_WITH_CUDA
+  if (dy.device().isCuda()) {
+    cuda::linearBiasGrad(db, dy);
+    return;
+  }
+#endif
+  MT_CHECK(dy.dtype() == DType::kF32, "bias gradient of ", dy.str(), " on the CPU");
+  const float* dyp = dy.data<float>();
+  float* dbp = db.data<float>();
+  parallelFor(O, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t o = lo; o < hi; ++o) {
+      double acc = 0.0;  // f64 so the column sum does not depend on the batch split
+      for (int64_t n = 0; n < N; ++n)
+        acc += dyp[n * O + o];
+      dbp[o] += static_cast<float>(acc);
+    }
+  });
+}
+
+Fp8Linear::Fp8Linear(const Fp8Training& t)
+    : cfg_(t),
+      sx_(Fp8Format::kE4M3, t.options, Device::cpu()),
+      sw_(Fp8Format::kE4M3, t.options, Device::cpu()),
+      sdy_(t.gradFormat, t.options, Device::cpu()) {}
+
+bool Fp8Linear::supports(int64_t rows, int64_t in, int64_t out, Device d) {
+  return d.isCpu() || (rows % 16 == 0 && in % 16 == 0 && out % 16 == 0);
+}
+
+void Fp8Linear::onDevice(Device d) {
+  sx_.moveTo(d);
+  sw_.moveTo(d);
+  sdy_.moveTo(d);
+}
+
+int64_t Fp8Linear::cachedBytes() const {
+  return (xt_.defined() ? xt_.numel() : 0) + (wt_.defined() ? wt_.numel() : 0);
+}
+
+void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual,
+                        Mode mode) {
+  const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
+  const Device d = x.device();
+  MT_CHECK(x.dim(-1) == I && y.numel() == N * O && supports(N, I, O, d), "fp8 linear shapes x=", x.str(),
+           " w=", w.str(), " y=", y.str());
+  onDevice(d);
+  const Tensor x2 = x.view({N, I});
+  Tensor qx = codes({N, I}, d), qw = codes({O, I}, d);
+  std::optional<Fp8State> ex, ew;  // evaluation: scratch states, current scaling
+  const Fp8State* sx = &sx_;
+  const Fp8State* sw = &sw_;
+  if (mode == Mode::kEval) {
+    Fp8Options o = cfg_.options;
+    o.recipe = Fp8Recipe::kCurrent;
+    ex.emplace(Fp8Format::kE4M3, o, d);
+    ew.emplace(Fp8Format::kE4M3, o, d);
+    fp8Quantize(qx, x2, *ex, nullptr);
+    fp8Quantize(qw, w, *ew, nullptr);
+    sx = &*ex, sw = &*ew;
+  } else {
+    xt_ = codes({I, N}, d);
+    wt_ = codes({I, O}, d);
+    if (mode == Mode::kReplay) {
+      fp8QuantizeReplay(qx, x2, sx_, &xt_);
+      fp8QuantizeReplay(qw, w, sw_, &wt_);
+    } else {
+      fp8Quantize(qx, x2, sx_, &xt_);
+      fp8Quantize(qw, w, sw_, &wt_);
+    }
+  }
+  Tensor y2 = y.view({N, O});
+  if (residual) {
+    MT_CHECK(residual->dtype() == y.dtype() && residual->numel() == y.numel(), "fp8 linear residual ",
+             residual->str(), " for ", y.str());
+    y2.copyFrom(residual->view({N, O}));
+  }
+  Fp8GemmArgs g = gemmArgs(N, O, I, qx, Fp8Format::kE4M3, *sx, qw, Fp8Format::kE4M3, *sw, y2);
+  g.bias = b;
+  g.beta = residual ? 1.f : 0.f;
+  g.fastAccum = true;  // forward only, as Transformer Engine: gradients keep the promoted sums
+  fp8Gemm(g);
+}
+
+void Fp8Linear::restore(const Tensor& x, const Tensor& w) {
+  const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
+  const Device d = x.device();
+  onDevice(d);
+  Tensor qx = codes({N, I}, d), qw = codes({O, I}, d);
+  xt_ = codes({I, N}, d);
+  wt_ = codes({I, O}, d);
+  fp8QuantizeReplay(qx, x.view({N, I}), sx_, &xt_);
+  fp8QuantizeReplay(qw, w, sw_, &wt_);
+}
+
+void Fp8Linear::backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
+                         const Tensor* dyColSum) {
+  MT_CHECK(xt_.defined() && wt_.defined(), "fp8 linear backward without a training forward");
+  const int64_t O = w.dim(0), I = w.dim(1), N = xt_.dim(1);
+  const Device d = dy.device();
+  MT_CHECK(dy.numel() == N * O, "fp8 linear backward: dy ", dy.str(), " for ", N, " x ", O);
+  Tensor qdy = codes({N, O}, d), qdyt = codes({O, N}, d);
+  fp8Quantize(qdy, dy.view({N, O}), sdy_, &qdyt);
+  if (dx) {
+    Tensor dx2 = dx->view({N, I});
+    fp8Gemm(gemmArgs(N, I, O, qdy, cfg_.gradFormat, sdy_, wt_, Fp8Format::kE4M3, sw_, dx2));
+  }
+  Fp8GemmArgs g = gemmArgs(O, I, N, qdyt, cfg_.gradFormat, sdy_, xt_, Fp8Format::kE4M3, sx_, dw);
+  g.beta = 1.f;
+  fp8Gemm(g);
+  if (db && dyColSum) {
+    MT_CHECK(dyColSum->numel() == O && dyColSum->dtype() == DType::kF32, "fp8 linear: column sums ",
+             dyColSum->str(), " for ", O, " outputs");
+    linearBiasGrad(*db, dyColSum->view({1, O}));  // a sum over one row: db += colsum
+  } else if (db) {
+    linearBiasGrad(*db, dy);
+  }
+  clear();
+}
+
+}  // namespace mt

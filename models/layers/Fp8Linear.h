@@ -1,0 +1,70 @@
+#pragma once
+// The FP8 path of a Linear layer (train.precision = fp8; core/Fp8.h for the formats and scaling).
+//   forward   y[N,O]  = sx^-1 sw^-1 · (q(x·sx)[N,I] · q(W·sw)[O,I]^T) + b (+ residual)   E4M3 x E4M3 -> y
+//   backward  dx[N,I] = sdy^-1 sw^-1 · (q(dy·sdy)[N,O] · q(W·sw)^T[I,O]^T)            E5M2 x E4M3 -> dx
+//             dW[O,I] += sdy^-1 sx^-1 · (q(dy·sdy)^T[O,N] · q(x·sx)^T[I,N]^T)          E5M2 x E4M3 -> f32
+//             db[O]   += colsum(dy)  (the unquantized gradient, as Transformer Engine)
+// q() rounds to FP8 (the gradient format is Fp8Training::gradFormat, E5M2 by default); each of x,
+// W and dy has its own scaling state (recipe current or delayed). Every GEMM is "TN" (both operands
+// K-contiguous, as cuBLASLt's FP8 kernels require), so the casts of x and W also write their
+// transposes, which backward reads: what forward keeps is the 1-byte x^T and W^T instead of the
+// bf16 x (half the activation bytes of the layer's input). The f32 master weight is cast once per
+// forward, i.e. once per optimizer step (per micro-batch with gradient accumulation), so the FP8
+// weight copy always follows the last step.
+// Recomputation (activation checkpointing) replays the casts with the scales forward used, so the
+// codes and the scaling state are those of a run without checkpointing. Evaluation (no training)
+// casts with current scaling into scratch states, leaving the training state alone.
+// On the GPU cuBLASLt needs N, I and O multiples of 16 (supports()); a call that is not runs the
+// layer's bf16 path. The CPU emulation takes any shape.
+
+#include <string>
+#include <vector>
+
+#include "core/Fp8.h"
+#include "core/Tensor.h"
+
+namespace mt {
+
+struct Fp8Training {
+  bool enabled = false;
+  Fp8Options options;
+  Fp8Format gradFormat = Fp8Format::kE5M2;
+};
+
+class Fp8Linear {
+ public:
+  enum class Mode { kTrain, kReplay, kEval };
+  explicit Fp8Linear(const Fp8Training& t);
+  static bool supports(int64_t rows, int64_t in, int64_t out, Device d);
+  // y = x W^T + b (+ residual, y's shape and dtype; y may be f32 or bf16). kTrain and kReplay keep
+  // x^T and W^T for backward.
+  void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual,
+               Mode mode);
+  // What forward(kReplay) keeps, without the GEMM (the layer's output was kept).
+  void restore(const Tensor& x, const Tensor& w);
+  // dx (optional, f32 or bf16) overwritten; dw, db accumulate. dyColSum: colsum(dy) already made.
+  void backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
+                const Tensor* dyColSum);
+  bool holdsCache() const { return xt_.defined(); }
+  void clear() {
+    xt_ = Tensor();
+    wt_ = Tensor();
+  }
+  int64_t cachedBytes() const;
+  // x, w, dy: the layer's scaling states (checkpointed; moved to the tensors' device at first use).
+  std::vector<std::pair<std::string, Fp8State*>> states() {
+    return {{"x", &sx_}, {"w", &sw_}, {"dy", &sdy_}};
+  }
+
+ private:
+  void onDevice(Device d);
+  Fp8Training cfg_;
+  Fp8State sx_, sw_, sdy_;
+  Tensor xt_, wt_;  // codes of x^T [I,N] and W^T [I,O], kept from forward for backward
+};
+
+// db[O] += colsum(dy [N,O]) (f32 db; dy f32 or, on the GPU, bf16/f16): the bias gradient of a
+// linear layer (f64 sums on the CPU, the deterministic column-sum kernels on the GPU).
+void linearBiasGrad(Tensor& db, const Tensor& dy);
+
+}  // namespace mt

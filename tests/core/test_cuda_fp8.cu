@@ -1,0 +1,212 @@
+// FP8 on the GPU (core/cuda/Fp8.cu) against the CPU emulation (core/Fp8.h):
+//  - every one of the 2^32 f32 bit patterns: CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, f)
+//    (the hardware cvt on sm_89+) equals fp8FromFloat, in a device kernel (the same source the
+//    host compiles), and on the host for all bf16/f16 values and a strided f32 sweep;
+//  - the quantize kernels (cast + fused amax, transposed copy, scale updates, both recipes over
+//    several steps): codes bitwise, scales within 1e-6 (they are expected bitwise too);
+//  - the FP8 cuBLASLt GEMM (E4M3 x E4M3 -> bf16 with bias, E5M2 x E4M3 -> f32 accumulating)
+//    against the CPU emulation, to f32 summation order and the bf16 output's rounding.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <cuda_fp8.h>
+
+#include "core/Fp8.h"
+#include "core/cuda/CudaCheck.h"
+#include "core/cuda/CudaRuntime.h"
+
+namespace mt {
+namespace {
+
+Device gpu() {
+  return Device::cuda(CudaRuntime::require().device());
+}
+
+__global__ void allFloatsKernel(uint64_t begin, uint64_t count, Fp8Format f, unsigned long long* bad,
+                                unsigned int* firstBad) {
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t u = static_cast<uint32_t>(begin + i);
+    const float x = __uint_as_float(u);
+    const uint8_t hw = static_cast<uint8_t>(
+        __nv_cvt_float_to_fp8(x, __NV_SATFINITE, f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
+    if (hw != fp8FromFloat(x, f)) {
+      if (atomicAdd(bad, 1ull) == 0) *firstBad = u;
+    }
+  }
+}
+
+TEST(CudaFp8, CastOfEveryFloatMatchesTheIntrinsic) {
+  unsigned long long* bad;
+  unsigned int* first;
+  CUDA_CHECK(cudaMalloc(&bad, sizeof(*bad)));
+  CUDA_CHECK(cudaMalloc(&first, sizeof(*first)));
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    CUDA_CHECK(cudaMemset(bad, 0, sizeof(*bad)));
+    allFloatsKernel<<<4096, 256>>>(0, 1ull << 32, f, bad, first);
+    CUDA_CHECK(cudaGetLastError());
+    unsigned long long nBad = 0;
+    unsigned int u = 0;
+    CUDA_CHECK(cudaMemcpy(&nBad, bad, sizeof(nBad), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&u, first, sizeof(u), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(nBad, 0ull) << enumName(fp8Formats(), f) << ": first mismatch at f32 bits 0x" << std::hex << u;
+  }
+  CUDA_CHECK(cudaFree(bad));
+  CUDA_CHECK(cudaFree(first));
+}
+
+TEST(CudaFp8, HostCastMatchesTheIntrinsic) {
+  std::vector<float> xs;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    xs.push_back(BFloat16::toFloat(static_cast<uint16_t>(b)));
+    xs.push_back(Float16::toFloat(static_cast<uint16_t>(b)));
+  }
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4099) {
+    float x;
+    const uint32_t v = static_cast<uint32_t>(u);
+    memcpy(&x, &v, 4);
+    xs.push_back(x);
+  }
+  const int64_t n = static_cast<int64_t>(xs.size());
+  Tensor host = Tensor::fromBlob(xs.data(), {n}, DType::kF32);
+  Tensor x = host.to(gpu());
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    Tensor q = Tensor::empty({n}, DType::kU8, gpu());
+    cuda::fp8CastIntrinsic(q, x, f);
+    Tensor qh = q.to(Device::cpu());
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (qh.data<uint8_t>()[i] != fp8FromFloat(xs[static_cast<size_t>(i)], f) && ++bad <= 5)
+        ADD_FAILURE() << enumName(fp8Formats(), f) << " " << xs[static_cast<size_t>(i)] << ": intrinsic 0x"
+                      << std::hex << int(qh.data<uint8_t>()[i]) << ", emulation 0x"
+                      << int(fp8FromFloat(xs[static_cast<size_t>(i)], f));
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+Tensor wave(int64_t R, int64_t C, float amp, int seed, DType t) {
+  Tensor f = Tensor::empty({R, C}, DType::kF32);
+  for (int64_t i = 0; i < R * C; ++i)
+    f.data<float>()[i] = amp * std::sin(0.013f * static_cast<float>(i * (seed + 3))) *
+                         std::exp(std::cos(0.7f * static_cast<float>(i + seed)));
+  return f.toDType(t);
+}
+
+void expectStatesEqual(const Fp8State& cpu, const Fp8State& dev, const std::string& what) {
+  const std::vector<float> a = cpu.read(), b = dev.read();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(b[i], a[i], std::fabs(a[i]) * 1e-6) << what << " state[" << i << "]";
+  EXPECT_EQ(cpu.casts(), dev.casts());
+}
+
+TEST(CudaFp8, QuantizeKernelsMatchTheEmulation) {
+  const int64_t R = 333, C = 77;  // not multiples of the 32 x 32 tiles
+  for (Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kDelayed})
+    for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
+      for (DType t : {DType::kF32, DType::kBF16}) {
+        Fp8Options o;
+        o.recipe = recipe;
+        o.historyLength = 4;
+        o.margin = f == Fp8Format::kE5M2 ? 1 : 0;
+        Fp8State sc(f, o, Device::cpu()), sg(f, o, gpu());
+        const float amps[] = {1.f, 30.f, 0.01f, 5.f, 0.f, 200.f};
+        for (int step = 0; step < 6; ++step) {
+          const std::string what = std::string(enumName(fp8Recipes(), recipe)) + " " +
+                                   enumName(fp8Formats(), f) + " " + dtypeName(t) + " step " +
+                                   std::to_string(step);
+          Tensor x = wave(R, C, amps[step], step, t);
+          Tensor qc = Tensor::empty({R, C}, DType::kU8), qtc = Tensor::empty({C, R}, DType::kU8);
+          fp8Quantize(qc, x, sc, &qtc);
+          Tensor xg = x.to(gpu());
+          Tensor qg = Tensor::empty({R, C}, DType::kU8, gpu()),
+                 qtg = Tensor::empty({C, R}, DType::kU8, gpu());
+          fp8Quantize(qg, xg, sg, &qtg);
+          Tensor a = qg.to(Device::cpu()), b = qtg.to(Device::cpu());
+          int64_t bad = 0;
+          for (int64_t i = 0; i < R * C; ++i) {
+            bad += a.data<uint8_t>()[i] != qc.data<uint8_t>()[i];
+            bad += b.data<uint8_t>()[i] != qtc.data<uint8_t>()[i];
+          }
+          EXPECT_EQ(bad, 0) << what;
+          expectStatesEqual(sc, sg, what);
+          // The replay (activation checkpointing's recomputation) makes the same codes, state untouched.
+          Tensor rg = Tensor::empty({R, C}, DType::kU8, gpu()),
+                 rtg = Tensor::empty({C, R}, DType::kU8, gpu());
+          fp8QuantizeReplay(rg, xg, sg, &rtg);
+          Tensor ra = rg.to(Device::cpu()), rb = rtg.to(Device::cpu());
+          EXPECT_EQ(memcmp(ra.rawData(), a.rawData(), R * C), 0) << what;
+          EXPECT_EQ(memcmp(rb.rawData(), b.rawData(), R * C), 0) << what;
+          expectStatesEqual(sc, sg, what + " after replay");
+        }
+      }
+}
+
+double maxAbs(const Tensor& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double v =
+        t.dtype() == DType::kBF16 ? static_cast<float>(t.data<BFloat16>()[i]) : t.data<float>()[i];
+    m = std::max(m, std::fabs(v));
+  }
+  return m;
+}
+
+TEST(CudaFp8, GemmMatchesTheEmulation) {
+  struct Case {
+    Fp8Format fa, fb;
+    DType out;
+    bool bias;
+    float beta;
+  };
+  const Case cases[] = {{Fp8Format::kE4M3, Fp8Format::kE4M3, DType::kBF16, true, 0.f},
+                        {Fp8Format::kE4M3, Fp8Format::kE4M3, DType::kF32, true, 1.f},
+                        {Fp8Format::kE5M2, Fp8Format::kE4M3, DType::kBF16, false, 0.f},
+                        {Fp8Format::kE5M2, Fp8Format::kE4M3, DType::kF32, false, 1.f},
+                        {Fp8Format::kE4M3, Fp8Format::kE5M2, DType::kF32, false, 0.f}};
+  const int64_t M = 96, N = 160, K = 256;
+  for (const Case& c : cases) {
+    Fp8Options o;
+    o.recipe = Fp8Recipe::kCurrent;
+    Fp8State sa(c.fa, o, Device::cpu()), sb(c.fb, o, Device::cpu());
+    Fp8State ga(c.fa, o, gpu()), gb(c.fb, o, gpu());
+    Tensor a = wave(M, K, 2.f, 1, DType::kF32), b = wave(N, K, 0.3f, 2, DType::kF32);
+    Tensor qa = Tensor::empty({M, K}, DType::kU8), qb = Tensor::empty({N, K}, DType::kU8);
+    fp8Quantize(qa, a, sa, nullptr);
+    fp8Quantize(qb, b, sb, nullptr);
+    Tensor qag = Tensor::empty({M, K}, DType::kU8, gpu()), qbg = Tensor::empty({N, K}, DType::kU8, gpu());
+    fp8Quantize(qag, a.to(gpu()), ga, nullptr);
+    fp8Quantize(qbg, b.to(gpu()), gb, nullptr);
+    Tensor bias = wave(1, N, 1.f, 3, DType::kF32).view({N});
+    Tensor init = wave(M, N, 4.f, 4, c.out);
+    Tensor dc = init.clone(), dg = init.to(gpu());
+    Tensor biasG = bias.to(gpu());
+    Fp8GemmArgs g;
+    g.M = M, g.N = N, g.K = K, g.fa = c.fa, g.fb = c.fb, g.beta = c.beta;
+    g.A = &qa, g.B = &qb, g.sa = &sa, g.sb = &sb, g.D = &dc, g.bias = c.bias ? &bias : nullptr;
+    fp8Gemm(g);
+    g.A = &qag, g.B = &qbg, g.sa = &ga, g.sb = &gb, g.D = &dg, g.bias = c.bias ? &biasG : nullptr;
+    fp8Gemm(g);
+    Tensor got = dg.to(Device::cpu());
+    const double scale = maxAbs(dc);
+    double worst = 0;
+    for (int64_t i = 0; i < M * N; ++i) {
+      const double x =
+          c.out == DType::kBF16 ? static_cast<float>(got.data<BFloat16>()[i]) : got.data<float>()[i];
+      const double y =
+          c.out == DType::kBF16 ? static_cast<float>(dc.data<BFloat16>()[i]) : dc.data<float>()[i];
+      worst = std::max(worst, std::fabs(x - y) / scale);
+    }
+    std::printf("fp8 gemm %s x %s -> %s: worst |gpu - emulation| / max = %.3g\n",
+                enumName(fp8Formats(), c.fa), enumName(fp8Formats(), c.fb), dtypeName(c.out), worst);
+    // f32: summation order only; bf16: one output rounding apart where the f32 sums straddle it.
+    EXPECT_LT(worst, c.out == DType::kBF16 ? 1.0 / 128 : 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace mt
