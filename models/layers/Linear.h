@@ -63,8 +63,12 @@ class Linear : public Module {
   // kept), without the GEMM: activation checkpointing kept the output and recomputed the input.
   // A weight cast kept from forward is used as it is.
   void restoreInput(const Tensor& x, Context& ctx);
-  // Drops the input forward kept (not the weight's cast): restoreInput gives it back before backward.
-  void releaseInput() { x_ = Tensor(); }
+  // Drops the input forward kept (not the weight's cast; FP8: both operands' codes, which
+  // restoreInput's replay cast makes again bit for bit): restoreInput gives it back before backward.
+  void releaseInput() {
+    x_ = Tensor();
+    if (fp8_) fp8_->clear();
+  }
   // dx in the matmul dtype (its consumer is a GEMM or a kernel that reads reduced precision).
   void setLowPrecisionInputGrad(bool low) { lowInputGrad_ = low; }
   // FP8 GEMMs from now on (train.precision = fp8): the scaling states start afresh.

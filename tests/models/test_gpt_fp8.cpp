@@ -121,7 +121,8 @@ TEST(GptFp8, ActivationCheckpointingIsBitIdentical) {
   c.fp8.options.recipe = Fp8Recipe::kDelayed;
   c.fp8.options.historyLength = 4;
   const test::GptRun none = test::trainGpt(c, Device::cpu(), true, 4, 4);
-  for (auto [mode, every] : {std::pair{ActivationCheckpointing::kBlocks, 2},
+  for (auto [mode, every] : {std::pair{ActivationCheckpointing::kPointwise, 1},
+                             {ActivationCheckpointing::kBlocks, 2},
                              {ActivationCheckpointing::kSelective, 1},
                              {ActivationCheckpointing::kBlocks, 1}}) {
     c.checkpointing = mode;
