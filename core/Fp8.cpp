@@ -115,13 +115,32 @@ float amaxCpu(const Tensor& x) {
   return amaxOf(x.data<float>(), x.numel());
 }
 
-void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
+namespace {
+
+// The operands of a cast: q u8 like x (contiguous, same device); transposed (optional) u8 [cols, rows].
+void checkCastOperands(const Tensor& q, const Tensor& x, const Tensor* transposed) {
   MT_CHECK(q.dtype() == DType::kU8 && q.numel() == x.numel() && q.device() == x.device() && x.isContiguous(),
            "fp8 cast ", x.str(), " -> ", q.str());
   const int64_t n = x.numel(), cols = x.ndim() ? x.dim(-1) : 1;
   if (transposed)
     MT_CHECK(transposed->dtype() == DType::kU8 && transposed->numel() == n && transposed->dim(0) == cols,
              "fp8 transposed cast of ", x.str(), " into ", transposed->str());
+}
+
+// x (bf16 or f32, CPU) -> q and, when given, its transpose, at this scale.
+void castCpu(Tensor& q, const Tensor& x, Tensor* transposed, float scale, Fp8Format format) {
+  const int64_t n = x.numel(), cols = x.ndim() ? x.dim(-1) : 1;
+  uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
+  if (x.dtype() == DType::kBF16)
+    castLoop(q.data<uint8_t>(), qt, x.data<BFloat16>(), n, cols, scale, format);
+  else
+    castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, scale, format);
+}
+
+}  // namespace
+
+void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
+  checkCastOperands(q, x, transposed);
   if (x.device().isCuda()) {
 #ifdef MT_WITH_CUDA
     cuda::fp8QuantizeOnDevice(q, x, st, transposed);
@@ -132,22 +151,13 @@ void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
   float* v = st.values().data<float>();
   const float amax = amaxCpu(x);
   scaleBeforeCast(v, L, st.format(), st.options(), st.casts() == 0, amax);
-  uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
-  if (x.dtype() == DType::kBF16)
-    castLoop(q.data<uint8_t>(), qt, x.data<BFloat16>(), n, cols, v[Fp8State::kScale], st.format());
-  else
-    castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, v[Fp8State::kScale], st.format());
+  castCpu(q, x, transposed, v[Fp8State::kScale], st.format());
   pushHistory(v, L, amax);
   st.setCasts(st.casts() + 1);
 }
 
 void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed) {
-  MT_CHECK(q.dtype() == DType::kU8 && q.numel() == x.numel() && q.device() == x.device() && x.isContiguous(),
-           "fp8 cast ", x.str(), " -> ", q.str());
-  const int64_t n = x.numel(), cols = x.ndim() ? x.dim(-1) : 1;
-  if (transposed)
-    MT_CHECK(transposed->dtype() == DType::kU8 && transposed->numel() == n && transposed->dim(0) == cols,
-             "fp8 transposed cast of ", x.str(), " into ", transposed->str());
+  checkCastOperands(q, x, transposed);
   if (x.device().isCuda()) {
 #ifdef MT_WITH_CUDA
     cuda::fp8QuantizeReplayOnDevice(q, x, st, transposed);
@@ -155,11 +165,7 @@ void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* t
 #endif
   }
   const float scale = st.values().data<float>()[Fp8State::kScale];
-  uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
-  if (x.dtype() == DType::kBF16)
-    castLoop(q.data<uint8_t>(), qt, x.data<BFloat16>(), n, cols, scale, st.format());
-  else
-    castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, scale, st.format());
+  castCpu(q, x, transposed, scale, st.format());
 }
 
 void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st) {
