@@ -59,21 +59,10 @@ bool isValidLabelName(const std::string& name) {
   return true;
 }
 
-std::string escapeHelpText(const std::string& v) {
-  std::string out;
-  out.reserve(v.size());
-  for (char c : v) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
-}
+namespace {
 
-std::string escapeLabelValue(const std::string& v) {
+// The exposition format's escapes: backslash and newline in help text, and also '"' in label values.
+std::string escapeText(const std::string& v, bool quotes) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
@@ -81,13 +70,19 @@ std::string escapeLabelValue(const std::string& v) {
       out += "\\\\";
     else if (c == '\n')
       out += "\\n";
-    else if (c == '"')
+    else if (quotes && c == '"')
       out += "\\\"";
     else
       out += c;
   }
   return out;
 }
+
+}  // namespace
+
+std::string escapeHelpText(const std::string& v) { return escapeText(v, false); }
+
+std::string escapeLabelValue(const std::string& v) { return escapeText(v, true); }
 
 std::string formatMetricValue(double v) {
   if (std::isnan(v)) return "NaN";
