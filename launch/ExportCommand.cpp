@@ -21,6 +21,11 @@
 #include "launch/QuantizeExport.h"
 #include "models/quant/QuantizedModel.h"
 
+#ifdef MT_WITH_CUDA
+#include "core/cuda/CudaMemory.h"
+#include "core/cuda/CudaRuntime.h"
+#endif
+
 namespace mt {
 
 namespace fs = std::filesystem;
@@ -38,8 +43,9 @@ const char* const kExportUsage =
     "    calibrated on N training batches (qat, the default for a train.qat checkpoint: its observers)\n";
 const char* const kLogitsUsage =
     "usage: trainer logits --checkpoint DIR --out FILE.h5 [--data FILE.h5] [--split test] [--first I]\n"
-    "         [--count N] [--seq-len T] [--quantize int8]\n"
-    "  the trainer's own inference forward (CPU, f32) of a checkpoint on samples first..first+N-1\n"
+    "         [--count N] [--seq-len T] [--quantize int8] [--device cpu|cuda] [--precision f32|bf16|f16]\n"
+    "  the trainer's own inference forward of a checkpoint (CPU f32 by default; --device cuda runs it\n"
+    "  on GPU 0 with the matmul precision of train.precision) on samples first..first+N-1\n"
     "  (default 0..15) of a split of its data (default: the file it trained on, the test split):\n"
     "  /inputs, /labels or /targets, /logits; GPT windows of T tokens (default its block size);\n"
     "  --quantize int8: the int8 fake-quantized forward of a train.qat checkpoint (its observers)\n";
@@ -202,10 +208,11 @@ int exportCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
-// The checkpoint's values into the rebuilt model's parameters (CPU, f32), matched by name and shape.
-void loadCheckpointValues(Model& model, ConsolidatedCheckpoint& c, const std::string& ckpt) {
+// The checkpoint's values into the rebuilt model's parameters (f32, on `device`), matched by name
+// and shape.
+void loadCheckpointValues(Model& model, ConsolidatedCheckpoint& c, const std::string& ckpt, Device device) {
   ParamTable& table = model.params();
-  table.materialize(Device::cpu());
+  table.materialize(device);
   if (static_cast<int64_t>(c.meta.params.size()) != static_cast<int64_t>(table.size()))
     throw CheckpointError("checkpoint " + ckpt + ": " + std::to_string(c.meta.params.size()) +
                           " parameters, its architecture has " + std::to_string(table.size()));
@@ -225,6 +232,37 @@ struct LogitsRequest {
   std::string ckpt, out, data, split = "test";
   int64_t first = 0, count = 16, seqLen = 0;
   bool fakeQuant = false;
+  std::string device = "cpu", precision = "f32";
+};
+
+// The device the forward runs on: the CPU, or GPU 0 under a runtime of its own (held for the
+// command's lifetime) whose matmul precision is the requested one, as the trainer sets it.
+class LogitsDevice {
+ public:
+  explicit LogitsDevice(const LogitsRequest& r) {
+    if (r.device == "cpu") {
+      if (r.precision != "f32")
+        throw ConfigError("logits: --precision " + r.precision + " needs --device cuda (the CPU computes in f32)");
+      return;
+    }
+#ifdef MT_WITH_CUDA
+    if (cudaDeviceCountOrZero() == 0) throw ConfigError("logits: --device cuda: no CUDA device is visible");
+    cuda_ = std::make_unique<CudaRuntime>(0);
+    cuda_->setMatmulPrecision(r.precision == "bf16"  ? MatmulPrecision::kBF16
+                              : r.precision == "f16" ? MatmulPrecision::kF16
+                                                     : MatmulPrecision::kF32);
+    device_ = cuda_->dev();
+#else
+    throw ConfigError("logits: --device cuda: this trainer was built without CUDA");
+#endif
+  }
+  Device device() const { return device_; }
+
+ private:
+#ifdef MT_WITH_CUDA
+  std::unique_ptr<CudaRuntime> cuda_;
+#endif
+  Device device_ = Device::cpu();
 };
 
 void checkRange(const LogitsRequest& r, int64_t size) {
@@ -259,6 +297,7 @@ void writeLogits(const LogitsRequest& r, const ConsolidatedCheckpoint& c, const 
 }
 
 void runLogits(LogitsRequest& r) {
+  const LogitsDevice dev(r);  // first: the model's GPU tensors go before the runtime does
   ConsolidatedCheckpoint c = consolidateCheckpoint(r.ckpt);
   RebuiltModel m = rebuildFromArchitecture(c.meta.identity.architecture, "checkpoint " + r.ckpt);
   std::unique_ptr<QuantizedModel> qat;
@@ -269,13 +308,14 @@ void runLogits(LogitsRequest& r) {
     qat = std::make_unique<QuantizedModel>(*m.model, QuantOptions{});
     qat->loadState(c.meta.state.qat, "checkpoint " + r.ckpt);
   }
-  loadCheckpointValues(*m.model, c, r.ckpt);
+  loadCheckpointValues(*m.model, c, r.ckpt, dev.device());
   if (r.data.empty()) r.data = c.meta.identity.dataPath;
   if (r.data.empty())
     throw ConfigError("logits: checkpoint " + r.ckpt + " does not name its data file: give --data");
   const H5File file = H5File::open(r.data);
   Context ctx;
   ctx.training = false;
+  ctx.device = dev.device();
   Tensor inputs, labels, logits;
   ChunkCache cache;
   if (m.type == "gpt") {
@@ -291,7 +331,7 @@ void runLogits(LogitsRequest& r) {
     for (int64_t i = 0; i < r.count; ++i)
       ds.read(r.first + i, inputs.data<int32_t>() + i * r.seqLen, labels.data<int64_t>() + i * r.seqLen,
               &cache);
-    logits = static_cast<Gpt&>(*m.model).logits(inputs, ctx);
+    logits = static_cast<Gpt&>(*m.model).logits(inputs.to(ctx.device), ctx).to(Device::cpu());
   } else {
     ImageDataset ds(file, r.split, 1);
     const InputSpec s = ds.spec();
@@ -306,7 +346,7 @@ void runLogits(LogitsRequest& r) {
     for (int64_t i = 0; i < r.count; ++i)
       ds.read(r.first + i, inputs.data<uint8_t>() + i * static_cast<int64_t>(ds.imageBytes()),
               labels.data<int64_t>() + i, &cache);
-    logits = static_cast<Sequential&>(*m.model).logits(inputs, ctx);
+    logits = static_cast<Sequential&>(*m.model).logits(inputs.to(ctx.device), ctx).to(Device::cpu());
   }
   writeLogits(r, c, inputs, m.type == "gpt" ? "targets" : "labels", labels, logits);
   std::printf("logits of %s samples %lld..%lld of %s:%s written to %s\n", r.ckpt.c_str(),
@@ -318,7 +358,8 @@ void runLogits(LogitsRequest& r) {
 
 int logitsCommand(const std::vector<std::string>& args) {
   auto f = parseFlags("logits", args,
-                      {"--checkpoint", "--out", "--data", "--split", "--first", "--count", "--seq-len", "--quantize"},
+                      {"--checkpoint", "--out", "--data", "--split", "--first", "--count", "--seq-len", "--quantize",
+                       "--device", "--precision"},
                       kLogitsUsage);
   LogitsRequest r;
   r.ckpt = f["--checkpoint"];
@@ -332,6 +373,12 @@ int logitsCommand(const std::vector<std::string>& args) {
     if (f["--quantize"] != "int8") throw ConfigError("logits: --quantize " + f["--quantize"] + ": expected int8");
     r.fakeQuant = true;
   }
+  if (f.count("--device")) r.device = f["--device"];
+  if (f.count("--precision")) r.precision = f["--precision"];
+  if (r.device != "cpu" && r.device != "cuda")
+    throw ConfigError("logits: --device " + r.device + ": expected cpu or cuda\n" + kLogitsUsage);
+  if (r.precision != "f32" && r.precision != "bf16" && r.precision != "f16")
+    throw ConfigError("logits: --precision " + r.precision + ": expected f32, bf16 or f16\n" + kLogitsUsage);
   if (r.ckpt.empty() || r.out.empty())
     throw ConfigError(std::string("logits: --checkpoint and --out are required\n") + kLogitsUsage);
   checkWritableOutput("logits", r.out);

@@ -29,8 +29,10 @@ extern const char* const kExportUsage;
 extern const char* const kLogitsUsage;
 int exportCommand(const std::vector<std::string>& args);
 int logitsCommand(const std::vector<std::string>& args);
-// The checkpoint's values into a model rebuilt from its architecture (parameters registered, CPU),
-// matched by name and shape (a CheckpointError naming `ckpt` otherwise).
-void loadCheckpointValues(Model& model, ConsolidatedCheckpoint& c, const std::string& ckpt);
+// The checkpoint's values into a model rebuilt from its architecture (parameters registered, on
+// `device`: the CPU by default), matched by name and shape (a CheckpointError naming `ckpt`
+// otherwise).
+void loadCheckpointValues(Model& model, ConsolidatedCheckpoint& c, const std::string& ckpt,
+                          Device device = Device::cpu());
 
 }  // namespace mt

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Issue 35: does f16 (with the dynamic loss scaler) learn as well as bf16? GPT d12 on a real-text,
-# byte-level corpus (the Python sources of the machine it runs on: every *.py under
-# /usr/lib/python3*, one document each, via scripts/data/text_to_tokens --text), B=32 x 1024,
+# byte-level corpus (the machine's Python sources: scripts/data/python_source_corpus), B=32 x 1024,
 # cosine lr 6e-4, bf16 then f16 for each seed with the same seed (same init, same data order), then
 # each run's final test loss, the f16 - bf16 gap per seed, and f16's final loss scale and skipped
 # steps (metrics.jsonl's step records; the log's "step skipped" warnings for older builds).
@@ -19,20 +18,7 @@ batch="${BATCH:-32}"
 precisions="${PRECISIONS:-bf16 f16}"
 mkdir -p "$out" datasets
 tokens=datasets/python_bytes.h5
-if [[ ! -f $tokens ]]; then
-  # Real text: the interpreter's own library sources, sorted (the same corpus on every run of one
-  # image), up to CORPUS_MB.
-  find /usr/lib/python3* -name '*.py' -type f -size +0 2>/dev/null | LC_ALL=C sort |
-    python3 -c "
-import os, sys
-cap, total = int(sys.argv[1]) << 20, 0
-for p in sys.stdin.read().split():
-    total += os.path.getsize(p)
-    if total > cap: break
-    print(p)" "${CORPUS_MB:-64}" >/tmp/f16_gap_files.txt
-  [[ -s /tmp/f16_gap_files.txt ]] || { echo "f16_gap: no *.py under /usr/lib/python3*" >&2; exit 2; }
-  xargs -a /tmp/f16_gap_files.txt -d '\n' python3 scripts/data/text_to_tokens --test-fraction 0.02 --out $tokens --text
-fi
+scripts/data/python_source_corpus $tokens
 for seed in $seeds; do
   for p in $precisions; do
     name="$p-seed$seed"

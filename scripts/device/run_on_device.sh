@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the device machine over the carried dist/ (see build_for_device.sh):
-#   bash scripts/device/run_on_device.sh probe|gpu-tests|attention|fp8|nccl-ranks|nccl-sanitizer|sharding-scale|largest|f16-gap|bench [args]
+#   bash scripts/device/run_on_device.sh probe|gpu-tests|attention|fp8|nccl-ranks|nccl-sanitizer|sharding-scale|largest|f16-gap|onnx-gpt|bench [args]
 # Results go to $OUT (when set) as logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -193,6 +193,29 @@ case "$what" in
     # test loss, the gap and f16's loss scale and skipped steps (scripts/bench/f16_gap.sh; STEPS,
     # SEEDS, BATCH, PRECISIONS, ARGS as there). About 4.5 minutes on an H200.
     OUT="$out" bash scripts/bench/f16_gap.sh
+    ;;
+  onnx-gpt)
+    # Issue 34: a GPT d12 trained here in bf16 on real text (byte-level, STEPS steps), exported as
+    # ONNX and run by the Python onnxruntime (its CUDA provider when it has one), against the
+    # trainer's own forward on the GPU in bf16 (what it trains with) and in f32, and on the CPU.
+    status=0
+    mkdir -p datasets
+    scripts/data/python_source_corpus datasets/python_bytes.h5 >/dev/null || exit 2
+    rm -rf /tmp/mt-onnx-gpt
+    dist/bin/trainer --config configs/gpt_d12.ini --data.path=datasets/python_bytes.h5 --model.vocab_size=256 \
+      --model.padded_vocab=256 --train.batch_size=16 --train.max_steps="${STEPS:-300}" --run.log_interval=100 \
+      --train.eval_batches=10 --checkpoint.at_exit=true --run.dir=/tmp/mt-onnx-gpt --run.name=d12 2>&1 |
+      tee "$out/onnx_gpt_train.log" | grep -E "step [0-9]+/|final|rror" || true
+    ckpt=$(ls -d /tmp/mt-onnx-gpt/d12/checkpoints/step_* 2>/dev/null | grep -v tmp- | tail -1)
+    [[ -n "$ckpt" ]] || { echo "onnx-gpt: no checkpoint"; exit 1; }
+    for run in "cuda bf16 0.5" "cuda f32 1e-3" "cpu f32 1e-4"; do
+      read -r device precision tol <<<"$run"
+      echo "=== trainer $device $precision against ONNX Runtime (tolerance $tol)"
+      python3 scripts/onnx/check_parity --checkpoint "$ckpt" --trainer dist/bin/trainer --runtime python \
+        --device "$device" --precision "$precision" --count "${COUNT:-8}" --seq-len 64 1024 --tol "$tol" \
+        --workdir "/tmp/mt-onnx-gpt/${device}_$precision" 2>&1 | tee -a "$out/onnx_gpt.log" || status=1
+    done
+    exit $status
     ;;
   *)
     "$@"

@@ -198,6 +198,14 @@ class OnnxExport(unittest.TestCase):
         p = run([TRAINER, "logits", "--checkpoint", ckpt, "--out", kept, "--first", "510", "--count", "5"])
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("samples 510..514 are outside split 'test'", p.stderr)
+        # The device and precision of the forward: only real combinations; this machine has no GPU.
+        for args, needle in ((["--precision", "bf16"], "--precision bf16 needs --device cuda"),
+                             (["--device", "tpu"], "--device tpu: expected cpu or cuda"),
+                             (["--device", "cuda", "--precision", "f8"], "--precision f8: expected"),
+                             (["--device", "cuda"], "--device cuda: ")):
+            p = run([TRAINER, "logits", "--checkpoint", ckpt, "--out", kept, *args])
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(needle, p.stderr)
         # A checkpoint of an older build: meta.json without the architecture record (resealed).
         old = os.path.join(d, "old_ckpt")
         shutil.copytree(ckpt, old)
