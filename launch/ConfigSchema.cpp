@@ -108,8 +108,7 @@ const std::vector<ConfigKey>& configSchema() {
       integer("model.vocab_size", "0", kNonNegative, "gpt: vocabulary (0: the data file's vocab_size)"),
       integer("model.padded_vocab", "0", kNonNegative,
               "gpt: vocabulary padded for aligned GEMMs (0: next multiple of 128)"),
-      // flash by default until the cuDNN backend has run on a GPU (it was written without one).
-      choice("model.attention", "flash", choicesOf(attentionBackends()),
+      choice("model.attention", "auto", choicesOf(attentionBackends()),
              "gpt, cuda in bf16/f16: the fused attention kernel (the first use of each shape logs which runs and "
              "why); the CPU and f32 precision ignore it"),
       real("model.input_mean", "0.2860", {}, "image normalisation mean (of pixel/255)"),

@@ -75,8 +75,7 @@ struct GptConfig {
   int64_t classifierChunk = 8192;  // rows of logits made at once
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   int64_t checkpointEvery = 1;  // blocks 0, k, 2k, ... are checkpointed
-  // The GPU's fused attention kernel (model.attention): flash until cuDNN's has been run on a GPU.
-  AttentionBackend attention = AttentionBackend::kFlash;
+  AttentionBackend attention = AttentionBackend::kAuto;  // the GPU's fused attention kernel (model.attention)
   // FP8 training of the block Linears (train.precision = fp8): which of them, and how. Embeddings,
   // LayerNorms, attention and the classifier stay in the matmul dtype (bf16 on the GPU, f32 on the CPU).
   Fp8Training fp8;

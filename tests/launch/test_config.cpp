@@ -187,9 +187,9 @@ TEST(Settings, RunNameStaysInsideRunDir) {
     EXPECT_EQ(settingsErrorOf({"--run.name=" + name}), "") << name;
 }
 
-// model.attention reaches the GPT's config (flash by default until cuDNN has run on a GPU); a name it does not know is refused.
+// model.attention reaches the GPT's config (auto by default); a name it does not know is refused.
 TEST(Settings, AttentionBackendReachesTheGptConfig) {
-  EXPECT_EQ(Settings::fromConfig(Config::fromArgs({"--model.type=gpt"})).gpt.attention, AttentionBackend::kFlash);
+  EXPECT_EQ(Settings::fromConfig(Config::fromArgs({"--model.type=gpt"})).gpt.attention, AttentionBackend::kAuto);
   EXPECT_EQ(Settings::fromConfig(Config::fromArgs({"--model.type=gpt", "--model.attention=cudnn"})).gpt.attention,
             AttentionBackend::kCudnn);
   EXPECT_EQ(Settings::fromConfig(Config::fromArgs({"--model.type=gpt", "--model.attention=flash"})).gpt.attention,
