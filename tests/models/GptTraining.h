@@ -3,6 +3,8 @@
 // two configurations of the same model (activation checkpointing against none, CPU and GPU).
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/optim/Optimizer.h"
@@ -46,6 +48,43 @@ inline GptRun trainGpt(const GptConfig& cfg, Device device, bool keepWeightCasts
   }
   Tensor v = params.flatValues().to(Device::cpu());
   r.values.assign(v.data<float>(), v.data<float>() + v.numel());
+  return r;
+}
+
+// One forward and backward of the same fixed model and tokens with the loss scaled by `lossScale`:
+// every parameter's gradient divided by it (host f32, by name), and the loss.
+struct GptGrads {
+  double loss = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> grads;
+};
+
+inline GptGrads gptGrads(const GptConfig& cfg, Device device, float lossScale, int64_t B) {
+  Gpt model(cfg);
+  ParamTable& params = model.params();
+  params.materialize(device);
+  model.initParams(7);
+  const int64_t T = cfg.maxT;
+  Tensor in = Tensor::empty({B, T}, DType::kI32), tg = Tensor::empty({B, T}, DType::kI64);
+  for (int64_t i = 0; i < B * T; ++i) {
+    in.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + (i / T) * 7) % cfg.vocab);
+    tg.data<int64_t>()[i] = (i * 37 + 5) % cfg.vocab;
+  }
+  Batch b;
+  b.inputs = in.to(device);
+  b.targets = tg.to(device);
+  Context ctx;
+  ctx.device = device;
+  ctx.lossScale = lossScale;
+  params.zeroGrads();
+  GptGrads r;
+  r.loss = model.forward(b, ctx).meanLoss();
+  model.backward(ctx);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor g = params[i].grad.to(Device::cpu());
+    std::vector<float> v(g.data<float>(), g.data<float>() + g.numel());
+    for (float& x : v) x /= lossScale;
+    r.grads.emplace_back(params[i].name, std::move(v));
+  }
   return r;
 }
 

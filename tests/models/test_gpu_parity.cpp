@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/EnvParams.h"
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"
 #include "data/H5File.h"
@@ -599,14 +600,25 @@ TEST(GpuParity, FlashAttentionMatchesCpu) {
 // without checkpointing (atomics in flash attention's dq, the embedding backward and the loss
 // sum), so the losses and parameters of each mode are held to what two runs without checkpointing
 // differ by (x10), at least 1e-5 (f32) or 1e-4 (bf16, f16) relative; each mode keeps less.
+// One exception, by design: in bf16/f16 with cuBLASLt's GELU epilogues (MT_GEMM_EPILOGUES >= 1,
+// the default) none's fc GEMM makes GELU(pre) in its epilogue, while pointwise runs the GELU
+// kernel that its backward reruns, so the two differ by a bf16 rounding of that GELU: pointwise's
+// losses are then held to 1e-4 relative and its parameters are not compared (Adam's normalised
+// steps magnify a rounding in a near-zero gradient). With MT_GEMM_EPILOGUES=0 both run the same
+// kernels and pointwise meets the general bound (H100, 2026-12-05: 2.4e-7 against none twice 2.1e-7).
 TEST(GpuParity, GptActivationCheckpointingMatchesNone) {
-  auto worst = [](const test::GptRun& a, const test::GptRun& b) {
+  auto worstLoss = [](const test::GptRun& a, const test::GptRun& b) {
     double w = 0;
     for (size_t i = 0; i < a.losses.size(); ++i) w = std::max(w, std::fabs(a.losses[i] - b.losses[i]) / b.losses[i]);
+    return w;
+  };
+  auto worst = [&](const test::GptRun& a, const test::GptRun& b) {
+    double w = worstLoss(a, b);
     for (size_t i = 0; i < a.values.size(); ++i)
       w = std::max(w, std::fabs(static_cast<double>(a.values[i]) - b.values[i]) / (std::fabs(b.values[i]) + 1e-3));
     return w;
   };
+  const bool epilogues = envInt(EnvParam::kGemmEpilogues) >= 1;
   for (MatmulPrecision p : {MatmulPrecision::kF32, MatmulPrecision::kBF16, MatmulPrecision::kF16}) {
     PrecisionScope scope(p);
     GptConfig c;
@@ -619,14 +631,98 @@ TEST(GpuParity, GptActivationCheckpointingMatchesNone) {
                         ActivationCheckpointing::kPointwise}) {
         c.checkpointing = mode;
         const test::GptRun r = test::trainGpt(c, kGpu, casts, 3, 4);
-        const double w = worst(r, none);
-        std::printf("checkpointing %s, precision %d%s: worst relative difference to none %.2e (none twice: %.2e)\n",
+        const bool otherGelu =
+            mode == ActivationCheckpointing::kPointwise && p != MatmulPrecision::kF32 && epilogues;
+        const double w = otherGelu ? worstLoss(r, none) : worst(r, none);
+        std::printf("checkpointing %s, precision %d%s: worst relative difference to none %.2e%s (none twice: %.2e)\n",
                     enumName(activationCheckpointings(), mode), static_cast<int>(p), casts ? ", casts kept" : "", w,
-                    worst(again, none));
-        EXPECT_LE(w, bound) << enumName(activationCheckpointings(), mode);
+                    otherGelu ? " (losses; GELU kernel vs epilogue)" : "", worst(again, none));
+        EXPECT_LE(w, otherGelu ? 1e-4 : bound) << enumName(activationCheckpointings(), mode);
         EXPECT_LT(r.keptBytes, none.keptBytes);
       }
     }
+  }
+}
+
+// Each checkpointing mode's gradients after one forward and backward, parameter by parameter,
+// against none's in bf16: a wrong recomputed input shows up as the parameters it feeds, where the
+// three-step test above only sees a loss. blocks and selective rerun none's kernels (held to 10x
+// none's run-to-run spread, at least 1e-3 relative L2); pointwise under the GELU epilogues differs
+// by the GELU's bf16 rounding (see above: measured <= 1e-2 on H100, held to 2e-2, losses to 1e-4).
+TEST(GpuParity, GptCheckpointingGradientsMatchNone) {
+  PrecisionScope scope(MatmulPrecision::kBF16);
+  GptConfig c;
+  c.vocab = 200, c.paddedVocab = 256, c.maxT = 64, c.layers = 2, c.heads = 2, c.channels = 128;
+  const test::GptGrads none = test::gptGrads(c, kGpu, 1.f, 4), again = test::gptGrads(c, kGpu, 1.f, 4);
+  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double s = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      n += static_cast<double>(b[i]) * b[i];
+    }
+    return std::sqrt(s / (n + 1e-30));
+  };
+  const bool epilogues = envInt(EnvParam::kGemmEpilogues) >= 1;
+  for (auto mode : {ActivationCheckpointing::kBlocks, ActivationCheckpointing::kSelective,
+                    ActivationCheckpointing::kPointwise}) {
+    c.checkpointing = mode;
+    const bool otherGelu = mode == ActivationCheckpointing::kPointwise && epilogues;
+    const test::GptGrads g = test::gptGrads(c, kGpu, 1.f, 4);
+    if (otherGelu) EXPECT_NEAR(g.loss, none.loss, 1e-4 * none.loss);
+    else EXPECT_EQ(g.loss, none.loss) << enumName(activationCheckpointings(), mode);
+    double worstRel = 0;
+    for (size_t i = 0; i < g.grads.size(); ++i) {
+      const double e = rel(g.grads[i].second, none.grads[i].second),
+                   noise = rel(again.grads[i].second, none.grads[i].second);
+      const double bound = otherGelu ? 2e-2 : std::max(1e-3, 10 * noise);
+      worstRel = std::max(worstRel, e);
+      EXPECT_LE(e, bound) << enumName(activationCheckpointings(), mode) << " " << g.grads[i].first
+                          << " (none twice " << noise << ")";
+    }
+    std::printf("checkpointing %s: worst gradient relative L2 to none %.2e\n",
+                enumName(activationCheckpointings(), mode), worstRel);
+  }
+}
+
+// The loss scale reaches every GPU gradient exactly once (a kernel that ignored it would return
+// 1/S of its gradient after unscaling, one that applied it twice S times), and f16 at GradScaler's
+// initial scale loses no more than bf16 against the CPU's f32 gradients. Per parameter: the norm
+// ratio to the f32 gradient and the relative L2 error, in bf16 and in f16 at scales 2^16 and 1
+// (the second shows what underflow costs when the scale has collapsed).
+TEST(GpuParity, GptLossScaleReachesEveryGradientOnce) {
+  GptConfig c;
+  c.vocab = 200, c.paddedVocab = 256, c.maxT = 64, c.layers = 2, c.heads = 2, c.channels = 128;
+  const test::GptGrads ref = test::gptGrads(c, Device::cpu(), 1.f, 4);
+  auto norm = [](const std::vector<float>& v) {
+    double s = 0;
+    for (float x : v) s += static_cast<double>(x) * x;
+    return std::sqrt(s);
+  };
+  auto rel = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    double s = 0;
+    for (size_t i = 0; i < a.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    return std::sqrt(s) / (norm(b) + 1e-30);
+  };
+  for (auto [p, scale] : {std::pair{MatmulPrecision::kBF16, 65536.f}, {MatmulPrecision::kF16, 65536.f},
+                          {MatmulPrecision::kF16, 1.f}}) {
+    PrecisionScope scope(p);
+    const test::GptGrads g = test::gptGrads(c, kGpu, scale, 4);
+    ASSERT_EQ(g.grads.size(), ref.grads.size());
+    double worst = 0;
+    for (size_t i = 0; i < g.grads.size(); ++i) {
+      const std::string& name = ref.grads[i].first;
+      const double ratio = norm(g.grads[i].second) / (norm(ref.grads[i].second) + 1e-30);
+      const double e = rel(g.grads[i].second, ref.grads[i].second);
+      worst = std::max(worst, e);
+      std::printf("loss scale %g, precision %d: %-22s norm ratio %.4f, relative L2 %.2e\n", scale,
+                  static_cast<int>(p), name.c_str(), ratio, e);
+      if (scale > 1.f) {
+        EXPECT_NEAR(ratio, 1.0, 0.05) << name;
+        EXPECT_LE(e, 0.05) << name;
+      }
+    }
+    std::printf("loss scale %g, precision %d: loss %.6f (f32 CPU %.6f), worst relative L2 %.2e\n", scale,
+                static_cast<int>(p), g.loss, ref.loss, worst);
   }
 }
 

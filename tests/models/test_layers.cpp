@@ -172,5 +172,19 @@ TEST(Layers, GptActivationCheckpointingIsBitIdentical) {
     EXPECT_LT(kept[i], kept[i - 1]) << "mode " << i;
 }
 
+// The loss scale (f16's dynamic loss scaling) reaches every gradient exactly once: with a power of
+// two it scales every f32 rounding alike, so each gradient divided by it equals the unscaled one.
+TEST(Layers, GptLossScaleReachesEveryGradientOnce) {
+  GptConfig c;
+  c.vocab = 64, c.paddedVocab = 128, c.maxT = 16, c.layers = 2, c.heads = 2, c.channels = 32;
+  c.classifierChunk = 24;
+  const test::GptGrads one = test::gptGrads(c, Device::cpu(), 1.f, 4);
+  const test::GptGrads big = test::gptGrads(c, Device::cpu(), 65536.f, 4);
+  EXPECT_EQ(big.loss, one.loss);
+  ASSERT_EQ(big.grads.size(), one.grads.size());
+  for (size_t i = 0; i < one.grads.size(); ++i)
+    EXPECT_TRUE(big.grads[i].second == one.grads[i].second) << one.grads[i].first;
+}
+
 }  // namespace
 }  // namespace mt
