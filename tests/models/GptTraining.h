@@ -18,6 +18,20 @@ struct GptRun {
   int64_t keptBytes = 0;       // the most activation bytes held between a forward and its backward
 };
 
+// Step s's tokens [B, maxT] and targets, on `device`.
+inline Batch fixedBatch(const GptConfig& cfg, Device device, int64_t B, int s) {
+  const int64_t T = cfg.maxT;
+  Tensor in = Tensor::empty({B, T}, DType::kI32), tg = Tensor::empty({B, T}, DType::kI64);
+  for (int64_t i = 0; i < B * T; ++i) {
+    in.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + s * 13) % cfg.vocab);
+    tg.data<int64_t>()[i] = (i * 31 + s * 13 + 5) % cfg.vocab;
+  }
+  Batch b;
+  b.inputs = in.to(device);
+  b.targets = tg.to(device);
+  return b;
+}
+
 inline GptRun trainGpt(const GptConfig& cfg, Device device, bool keepWeightCasts, int steps, int64_t B) {
   Gpt model(cfg);
   ParamTable& params = model.params();
@@ -26,17 +40,9 @@ inline GptRun trainGpt(const GptConfig& cfg, Device device, bool keepWeightCasts
   OptimConfig oc;
   oc.weightDecay = 0.1f;
   auto opt = makeOptimizer(oc, segmentsOf(params));
-  const int64_t T = cfg.maxT;
   GptRun r;
   for (int s = 0; s < steps; ++s) {
-    Tensor in = Tensor::empty({B, T}, DType::kI32), tg = Tensor::empty({B, T}, DType::kI64);
-    for (int64_t i = 0; i < B * T; ++i) {
-      in.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + s * 13) % cfg.vocab);
-      tg.data<int64_t>()[i] = (i * 31 + s * 13 + 5) % cfg.vocab;
-    }
-    Batch b;
-    b.inputs = in.to(device);
-    b.targets = tg.to(device);
+    Batch b = fixedBatch(cfg, device, B, s);
     Context ctx;
     ctx.device = device;
     ctx.keepWeightCasts = keepWeightCasts;
@@ -63,15 +69,7 @@ inline GptGrads gptGrads(const GptConfig& cfg, Device device, float lossScale, i
   ParamTable& params = model.params();
   params.materialize(device);
   model.initParams(7);
-  const int64_t T = cfg.maxT;
-  Tensor in = Tensor::empty({B, T}, DType::kI32), tg = Tensor::empty({B, T}, DType::kI64);
-  for (int64_t i = 0; i < B * T; ++i) {
-    in.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + (i / T) * 7) % cfg.vocab);
-    tg.data<int64_t>()[i] = (i * 37 + 5) % cfg.vocab;
-  }
-  Batch b;
-  b.inputs = in.to(device);
-  b.targets = tg.to(device);
+  Batch b = fixedBatch(cfg, device, B, 0);
   Context ctx;
   ctx.device = device;
   ctx.lossScale = lossScale;
