@@ -141,12 +141,15 @@ struct Fp8Options {
   int margin = 0;          // scale divided by 2^margin: headroom for growth between steps
 };
 
-// One tensor's scaling state: a f32 vector [scale, scaleInv, amax, h_0 .. h_{L-1}] on the device
+// One tensor's scaling state: a f32 vector [scaleInv, scale, amax, h_0 .. h_{L-1}] on the device
 // of the tensors it scales (element kScale is what the cast multiplies by, kScaleInv what the GEMM
 // reads, kAmax the amax of the last tensor cast). The history is unused by the current recipe.
+// scaleInv comes first so that its pointer, cuBLASLt's A/B scale pointer, has the allocation's
+// alignment: with it 4 bytes into the vector, cublasLtMatmul refused all eight algorithms its
+// heuristic (which sees no pointers) offered, NOT_SUPPORTED (H100, cuBLAS 13.1, 2026-12-05).
 class Fp8State {
  public:
-  static constexpr int kScale = 0, kScaleInv = 1, kAmax = 2, kHistory = 3;
+  static constexpr int kScaleInv = 0, kScale = 1, kAmax = 2, kHistory = 3;
   Fp8State() = default;
   Fp8State(Fp8Format format, const Fp8Options& options, Device device);
   Fp8Format format() const { return format_; }

@@ -36,11 +36,17 @@ struct PlanKey {
   }
 };
 
+constexpr int kAlgoCandidates = 8;
+
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  bool ok = false;  // cuBLASLt found an algorithm (kept when not, so the query is not repeated)
+  // The heuristic's candidates, best first; `current` is the one in use. A candidate cublasLtMatmul
+  // refuses with NOT_SUPPORTED (the heuristic offers FP8 algorithms that cuBLAS 13 then refuses for
+  // some shapes) is dropped for the next, once, on its first call.
+  cublasLtMatmulAlgo_t algos[kAlgoCandidates]{};
+  int count = 0, current = 0;
+  bool ok = false;  // an algorithm is left (kept when not, so the query is not repeated)
   void release() noexcept {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -157,17 +163,19 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
   if (dummyBias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dummyBias,
                                                 sizeof(dummyBias)));
-  cublasLtMatmulHeuristicResult_t heur{};
+  cublasLtMatmulHeuristicResult_t heur[kAlgoCandidates]{};
   int found = 0;
   // NOT_SUPPORTED or INVALID_VALUE (an epilogue or bias type this cuBLASLt has no kernel for; the
   // H200's cuBLAS 13 answers the latter for an f32 bias under bf16) mean "no algorithm": the
   // caller falls back, and gemm() still names the shape if nothing runs it.
   const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(rt.cublasLt(), p.op, p.a, p.b, p.c, p.c, pref, 1, &heur, &found);
+      cublasLtMatmulAlgoGetHeuristic(rt.cublasLt(), p.op, p.a, p.b, p.c, p.c, pref, kAlgoCandidates, heur, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (hs != CUBLAS_STATUS_NOT_SUPPORTED && hs != CUBLAS_STATUS_INVALID_VALUE) CUBLAS_CHECK(hs);
-  p.ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
-  p.algo = heur.algo;
+  if (hs == CUBLAS_STATUS_SUCCESS)
+    for (int i = 0; i < found; ++i)
+      if (heur[i].state == CUBLAS_STATUS_SUCCESS) p.algos[p.count++] = heur[i].algo;
+  p.ok = p.count > 0;
   return cache.plans.emplace(key, p).first->second;
 }
 
@@ -186,9 +194,17 @@ bool tryGemm(const GemmCall& g) {
                                                 sizeof(g.aux)));
   setScalePointers(p.op, g);
   void* ws = rt.workspace(kGemmWorkspace);
-  CUBLAS_CHECK(cublasLtMatmul(rt.cublasLt(), p.op, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.Cin ? g.Cin : g.C,
-                              p.c, g.C, p.c, &p.algo, ws, kGemmWorkspace, currentStream()));
-  return true;
+  for (; p.current < p.count; ++p.current) {
+    const cublasStatus_t st = cublasLtMatmul(rt.cublasLt(), p.op, &g.alpha, g.B, p.a, g.A, p.b, &g.beta,
+                                             g.Cin ? g.Cin : g.C, p.c, g.C, p.c, &p.algos[p.current], ws,
+                                             kGemmWorkspace, currentStream());
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+      CUBLAS_CHECK(st);
+      return true;
+    }
+  }
+  p.ok = false;  // no candidate runs it: the caller's fallback, or gemm()'s error naming the shape
+  return false;
 }
 
 void gemm(const GemmCall& g) {
