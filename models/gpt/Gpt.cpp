@@ -140,15 +140,8 @@ Tensor Gpt::blockForward(Block& b, const Tensor& x, Context& ctx, Tensor* qkvOut
   Tensor x1 = b.proj->forwardAdd(y, x, ctx);  // residual added by the GEMM
   Tensor h2 = b.ln2->forward(x1, ctx);
   Tensor pre;  // fc's output before the GELU, for backward
-  Tensor g;
-  if (pointwise) {  // the GELU by its own kernel, the one backward's recomputation runs
-    pre = b.fc->forward(h2, ctx);
-    b.fc->releaseInput();
-    g = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
-    geluForward(g, pre, GeluKind::kTanh);
-  } else {
-    g = b.fc->forwardGelu(h2, ctx, &pre);
-  }
+  Tensor g = b.fc->forwardGelu(h2, ctx, &pre);
+  if (pointwise) b.fc->releaseInput();  // h2 dies here: backward makes it again
   if (ctx.training) b.pre = pre;
   if (qkvOut) *qkvOut = qkv;
   if (x1Out) *x1Out = x1;
@@ -365,7 +358,7 @@ void Gpt::backward(Context& ctx) {
     const bool pointwise = cfg_.pointwise(static_cast<int64_t>(li));
     if (cfg_.checkpointed(static_cast<int64_t>(li)) && !pointwise) recompute(b, ctx);
     // x2 = x1 + fcProj(gelu(fc(ln2(x1)))): dx1 = dx + d(mlp path)
-    if (pointwise) {  // fcProj's input GELU(pre), by forward's kernel
+    if (pointwise) {  // fcProj's input GELU(pre): the GELU kernel (forward's, or its epilogue's twin)
       Tensor g = Tensor::empty(b.pre.shape(), b.pre.dtype(), b.pre.device());
       geluForward(g, b.pre, GeluKind::kTanh);
       b.fcProj->restoreInput(g, ctx);

@@ -36,13 +36,15 @@
 //   pointwise  every GEMM's output and attention's (qkv, attention output and statistics, fc's
 //              pre-activation) and the residual stream, not what elementwise kernels make from them:
 //              ln1's and ln2's outputs and the GELU output are made again from the kept input (and
-//              the LayerNorm's statistics) and pre right before the GEMM backward that reads them,
-//              by the kernels that made them in forward (there the GELU runs after the fc GEMM, not
-//              in its epilogue, so both copies come from one kernel). No GEMM runs twice: two
-//              LayerNorm passes and one GELU pass more per block (~1 GB of memory traffic at d48
-//              B=16, ~3 % of its step) for a third of what a block keeps (6 of 18 N x C x 2
-//              bytes: the LayerNorm and GELU outputs, which torch.compile's partitioner also
-//              recomputes)
+//              the LayerNorm's statistics) and pre right before the GEMM backward that reads them.
+//              Forward is none's, kernel for kernel; the LayerNorms rerun their forward kernel (the
+//              same bits), the GELU runs as its own kernel where forward had it in cuBLASLt's fc
+//              epilogue (bf16/f16 on the GPU), so there fcProj's weight gradient alone sees GELU
+//              outputs a rounding apart (CPU and f32: the same kernel, bit-identical to none). No
+//              GEMM runs twice: two LayerNorm passes and one GELU pass more per block (measured at
+//              d48 B=16 on an H100: -6.9 % when forward also ran the GELU outside the epilogue) for
+//              a third of what a block keeps (6 of 18 N x C x 2 bytes: the LayerNorm and GELU
+//              outputs, which torch.compile's partitioner also recomputes)
 // With checkpointEvery = k only blocks 0, k, 2k, ... are checkpointed; the others keep everything.
 // The recomputation runs between the block's backward hooks (a sharded unit is gathered once for it
 // and the backward) with the forward's own kernels on the same inputs, so every recomputed

@@ -601,11 +601,12 @@ TEST(GpuParity, FlashAttentionMatchesCpu) {
 // sum), so the losses and parameters of each mode are held to what two runs without checkpointing
 // differ by (x10), at least 1e-5 (f32) or 1e-4 (bf16, f16) relative; each mode keeps less.
 // One exception, by design: in bf16/f16 with cuBLASLt's GELU epilogues (MT_GEMM_EPILOGUES >= 1,
-// the default) none's fc GEMM makes GELU(pre) in its epilogue, while pointwise runs the GELU
-// kernel that its backward reruns, so the two differ by a bf16 rounding of that GELU: pointwise's
-// losses are then held to 1e-4 relative and its parameters are not compared (Adam's normalised
-// steps magnify a rounding in a near-zero gradient). With MT_GEMM_EPILOGUES=0 both run the same
-// kernels and pointwise meets the general bound (H100, 2026-12-05: 2.4e-7 against none twice 2.1e-7).
+// the default) the fc GEMM makes GELU(pre) in its epilogue, and pointwise's backward makes it again
+// with the GELU kernel, a bf16 rounding apart, so fcProj's weight gradients differ by that much:
+// pointwise's losses are then held to 1e-4 relative and its parameters are not compared (Adam's
+// normalised steps magnify a rounding in a near-zero gradient). With MT_GEMM_EPILOGUES=0 both run
+// the same kernels and pointwise meets the general bound (H100, 2026-12-05: 2.4e-7 against none
+// twice 2.1e-7, when pointwise's forward also ran the GELU kernel).
 TEST(GpuParity, GptActivationCheckpointingMatchesNone) {
   auto worstLoss = [](const test::GptRun& a, const test::GptRun& b) {
     double w = 0;
@@ -646,9 +647,11 @@ TEST(GpuParity, GptActivationCheckpointingMatchesNone) {
 
 // Each checkpointing mode's gradients after one forward and backward, parameter by parameter,
 // against none's in bf16: a wrong recomputed input shows up as the parameters it feeds, where the
-// three-step test above only sees a loss. blocks and selective rerun none's kernels (held to 10x
-// none's run-to-run spread, at least 1e-3 relative L2); pointwise under the GELU epilogues differs
-// by the GELU's bf16 rounding (see above: measured <= 1e-2 on H100, held to 2e-2, losses to 1e-4).
+// three-step test above only sees a loss. Every mode's forward is none's, so the losses are equal,
+// and the gradients are held to 10x none's run-to-run spread (at least 1e-3 relative L2) but for
+// pointwise's fcProj weights under the GELU epilogues, which see the GELU kernel's rounding of what
+// the epilogue made (see above): held to 2e-2 (whole-model gradients were within 1e-2 of none on
+// the H100 when pointwise's forward ran the GELU kernel too).
 TEST(GpuParity, GptCheckpointingGradientsMatchNone) {
   PrecisionScope scope(MatmulPrecision::kBF16);
   GptConfig c;
@@ -666,12 +669,13 @@ TEST(GpuParity, GptCheckpointingGradientsMatchNone) {
   for (auto mode : {ActivationCheckpointing::kBlocks, ActivationCheckpointing::kSelective,
                     ActivationCheckpointing::kPointwise}) {
     c.checkpointing = mode;
-    const bool otherGelu = mode == ActivationCheckpointing::kPointwise && epilogues;
     const test::GptGrads g = test::gptGrads(c, kGpu, 1.f, 4);
-    if (otherGelu) EXPECT_NEAR(g.loss, none.loss, 1e-4 * none.loss);
-    else EXPECT_EQ(g.loss, none.loss) << enumName(activationCheckpointings(), mode);
+    EXPECT_EQ(g.loss, none.loss) << enumName(activationCheckpointings(), mode);
     double worstRel = 0;
     for (size_t i = 0; i < g.grads.size(); ++i) {
+      const std::string& name = g.grads[i].first;
+      const bool otherGelu = mode == ActivationCheckpointing::kPointwise && epilogues &&
+                             name.find("mlp.c_proj.weight") != std::string::npos;
       const double e = rel(g.grads[i].second, none.grads[i].second),
                    noise = rel(again.grads[i].second, none.grads[i].second);
       const double bound = otherGelu ? 2e-2 : std::max(1e-3, 10 * noise);
