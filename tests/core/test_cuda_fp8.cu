@@ -203,8 +203,11 @@ TEST(CudaFp8, GemmMatchesTheEmulation) {
     }
     std::printf("fp8 gemm %s x %s -> %s: worst |gpu - emulation| / max = %.3g\n",
                 enumName(fp8Formats(), c.fa), enumName(fp8Formats(), c.fb), dtypeName(c.out), worst);
-    // f32: summation order only; bf16: one output rounding apart where the f32 sums straddle it.
-    EXPECT_LT(worst, c.out == DType::kBF16 ? 1.0 / 128 : 1e-5);
+    // bf16: one output rounding apart where the f32 sums straddle it. f32: Hopper's FP8 tensor
+    // cores keep partial sums in fewer than f32's bits between cuBLASLt's promotions to the f32
+    // accumulator, so the sums differ by more than a summation order (H100, cuBLAS 13.1: 5.4e-4 to
+    // 6.5e-4 of the largest output, 2026-12-05); 2e-3 still catches a wrong scale or layout.
+    EXPECT_LT(worst, c.out == DType::kBF16 ? 1.0 / 128 : 2e-3);
   }
 }
 
