@@ -188,7 +188,7 @@ Tensor inDType(const Tensor& t, DType low, bool copy) {
   return out;
 }
 
-void cudnnForward(Tensor& y, const Tensor& qkvLow, int64_t heads, AttentionSaved* saved) {
+void cudnnForward(Tensor& y, const Tensor& qkvLow, int64_t heads, bool deterministicBackward, AttentionSaved* saved) {
   CudaRuntime& rt = CudaRuntime::require();
   const FlashProblem p = problemOf(qkvLow, heads);
   Tensor yLow = inDType(y, qkvLow.dtype(), false);  // cuDNN writes O in the operand dtype
@@ -202,6 +202,7 @@ void cudnnForward(Tensor& y, const Tensor& qkvLow, int64_t heads, AttentionSaved
   if (!yLow.sharesStorageWith(y)) convertInto(y, yLow);
   if (saved) {
     saved->path = AttentionPath::kCudnn;
+    saved->cudnnDeterministicBackward = deterministicBackward;
     saved->qkvLow = qkvLow;
     saved->lse = stats;
     saved->y = yLow;
@@ -217,9 +218,10 @@ void cudnnBackward(Tensor& dqkv, const Tensor& dy, const AttentionSaved& saved, 
   const CudnnAttentionViews v = layerViews(qkvLow, saved.y, dyLow, dqkvLow, heads);
   CudnnAttention& c = cudnnAttentionOf(rt);
   cudnnHandle_t h = rt.cudnn();
-  const size_t wsBytes = c.backwardWorkspaceBytes(h, p, v, kCudnnDeterministicBackward);
-  Tensor ws = Tensor::empty({static_cast<int64_t>(wsBytes)}, DType::kU8, qkvLow.device());
-  c.backward(h, p, v, saved.lse.data<float>(), kCudnnDeterministicBackward, ws.rawData(), wsBytes, currentStream());
+  const bool det = saved.cudnnDeterministicBackward;
+  const size_t wsBytes = c.backwardWorkspaceBytes(h, p, v, det);
+  Tensor ws = Tensor::empty({static_cast<int64_t>(std::max<size_t>(wsBytes, 1))}, DType::kU8, qkvLow.device());
+  c.backward(h, p, v, saved.lse.data<float>(), det, ws.rawData(), wsBytes, currentStream());
   if (!dqkvLow.sharesStorageWith(dqkv)) convertInto(dqkv, dqkvLow);
 }
 
@@ -231,7 +233,8 @@ void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSave
   const DType low = lowDType();
   // The input in the matmul dtype: read in place when the qkv GEMM already wrote it.
   const Tensor qkvLow = low == DType::kF32 ? Tensor() : inDType(qkv, low, true);
-  const AttentionPath path = low == DType::kF32 ? AttentionPath::kReference : chooseAttentionPath(backend, qkvLow, heads);
+  const AttentionChoice choice = low == DType::kF32 ? AttentionChoice() : chooseAttention(backend, qkvLow, heads);
+  const AttentionPath path = choice.path;
   if (path == AttentionPath::kReference) {
     // Reference path (f32 throughout): activations that arrive in reduced precision are widened.
     const Tensor q32 = inDType(qkv, DType::kF32, true);
@@ -241,7 +244,7 @@ void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSave
     return;
   }
   if (path == AttentionPath::kCudnn) {
-    cudnnForward(y, qkvLow, heads, saved);
+    cudnnForward(y, qkvLow, heads, choice.cudnnDeterministicBackward, saved);
     return;
   }
   const FlashProblem p = problemOf(qkv, heads);

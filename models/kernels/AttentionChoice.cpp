@@ -28,7 +28,7 @@ struct ShapeKey {
 // The decisions of one runtime (device).
 struct AttentionChoices {
   std::mutex mutex;
-  std::map<ShapeKey, AttentionPath> chosen;
+  std::map<ShapeKey, AttentionChoice> chosen;
 };
 
 std::string shapeName(const FlashProblem& p, DType t) {
@@ -63,8 +63,12 @@ double medianMs(F&& f, int reps) {
   return ms[ms.size() / 2];
 }
 
-// Forward + backward of both kernels on the layer's real shape; returns {cudnn ms, flash ms}.
-std::pair<double, double> measure(CudaRuntime& rt, const Tensor& qkvLow, int64_t heads) {
+// Forward + backward of each candidate on the layer's real shape, in milliseconds.
+struct Timings {
+  double cudnn = 0, cudnnDeterministic = 0, flash = 0;  // a candidate that cannot run: infinity
+};
+
+Timings measure(CudaRuntime& rt, const Tensor& qkvLow, int64_t heads, bool deterministicOk, bool flashOk) {
   const FlashProblem p = problemOf(qkvLow, heads);
   const DType low = qkvLow.dtype();
   const Device dev = qkvLow.device();
@@ -75,63 +79,83 @@ std::pair<double, double> measure(CudaRuntime& rt, const Tensor& qkvLow, int64_t
   const CudnnAttentionViews v = layerViews(qkvLow, y, y, dqkv, heads);  // dO = O: any values will do
   CudnnAttention& cudnn = cudnnAttentionOf(rt);
   cudnnHandle_t h = rt.cudnn();
-  const size_t fws = cudnn.forwardWorkspaceBytes(h, p, v),
-               bws = cudnn.backwardWorkspaceBytes(h, p, v, kCudnnDeterministicBackward),
-               flashWs = flashBackwardWorkspaceBytes(p, low, v.dO, v.dq);
-  Tensor ws =
-      Tensor::empty({static_cast<int64_t>(std::max({fws, bws, flashWs, size_t{1}}))}, DType::kU8, dev);
+  const size_t fws = cudnn.forwardWorkspaceBytes(h, p, v), bws = cudnn.backwardWorkspaceBytes(h, p, v, false),
+               bwsDet = deterministicOk ? cudnn.backwardWorkspaceBytes(h, p, v, true) : 0,
+               flashWs = flashOk ? flashBackwardWorkspaceBytes(p, low, v.dO, v.dq) : 0;
+  Tensor ws = Tensor::empty({static_cast<int64_t>(std::max({fws, bws, bwsDet, flashWs, size_t{1}}))},
+                            DType::kU8, dev);
   cudaStream_t s = currentStream();
-  const double cudnnMs = medianMs(
-      [&] {
-        cudnn.forward(h, p, v, stats.data<float>(), ws.rawData(), fws, s);
-        cudnn.backward(h, p, v, stats.data<float>(), kCudnnDeterministicBackward, ws.rawData(), bws, s);
-      },
-      kTimedReps);
-  const double flashMs = medianMs(
+  auto cudnnMs = [&](bool deterministic) {
+    return medianMs(
+        [&] {
+          cudnn.forward(h, p, v, stats.data<float>(), ws.rawData(), fws, s);
+          cudnn.backward(h, p, v, stats.data<float>(), deterministic, ws.rawData(), deterministic ? bwsDet : bws, s);
+        },
+        kTimedReps);
+  };
+  Timings t;
+  t.cudnn = cudnnMs(false);
+  t.cudnnDeterministic = deterministicOk ? cudnnMs(true) : HUGE_VAL;
+  t.flash = !flashOk ? HUGE_VAL : medianMs(
       [&] {
         flashAttentionForward(p, v.q, v.k, v.v, v.o, lse.data<float>(), s);
         flashAttentionBackward(p, v.q, v.k, v.v, v.o, v.dO, lse.data<float>(), v.dq, v.dk, v.dv, ws.rawData(),
                                flashWs, s);
       },
       kTimedReps);
-  return {cudnnMs, flashMs};
+  return t;
 }
 
-AttentionPath decide(CudaRuntime& rt, AttentionBackend requested, const Tensor& qkvLow, int64_t heads) {
+AttentionChoice choice(AttentionPath path, bool deterministic = false) {
+  AttentionChoice c;
+  c.path = path;
+  c.cudnnDeterministicBackward = deterministic;
+  return c;
+}
+
+AttentionChoice decide(CudaRuntime& rt, AttentionBackend requested, const Tensor& qkvLow, int64_t heads) {
   const FlashProblem p = problemOf(qkvLow, heads);
   const DType low = qkvLow.dtype();
   const bool flashOk = flashSupported(p.D, low);
-  if (requested == AttentionBackend::kFlash)
-    return flashOk ? AttentionPath::kFlash : AttentionPath::kReference;
+  const AttentionPath fallback = flashOk ? AttentionPath::kFlash : AttentionPath::kReference;
+  if (requested == AttentionBackend::kFlash) return choice(fallback);
+  CudnnAttention& cudnn = cudnnAttentionOf(rt);
   const CudnnAttentionViews v = layerViews(qkvLow, Tensor(), Tensor(), Tensor(), heads);
-  const std::string why = cudnnAttentionOf(rt).unsupported(rt.cudnn(), p, v, kCudnnDeterministicBackward);
+  const std::string why = cudnn.unsupported(rt.cudnn(), p, v, false);
   if (requested == AttentionBackend::kCudnn) {
     MT_REQUIRE(why.empty(), ConfigError, "model.attention = cudnn: cuDNN's fused attention cannot run ",
                shapeName(p, low), " on this GPU: ", why,
                " (model.attention = auto or flash runs our kernels)");
     MT_LOG_INFO << "attention: cudnn for " << shapeName(p, low) << " (model.attention = cudnn; "
-                << cudnnAttentionOf(rt).engines(rt.cudnn(), p, v, kCudnnDeterministicBackward) << ")";
-    return AttentionPath::kCudnn;
+                << cudnn.engines(rt.cudnn(), p, v, false) << ")";
+    return choice(AttentionPath::kCudnn);
   }
   if (!why.empty()) {
     MT_LOG_INFO << "attention: " << (flashOk ? "flash" : "reference") << " for " << shapeName(p, low)
                 << ": cuDNN's fused attention cannot run it: " << why;
-    return flashOk ? AttentionPath::kFlash : AttentionPath::kReference;
+    return choice(fallback);
   }
-  if (!flashOk) {
+  const bool deterministicOk = cudnn.unsupported(rt.cudnn(), p, v, true).empty();
+  if (!flashOk && !deterministicOk) {
     MT_LOG_INFO << "attention: cudnn for " << shapeName(p, low) << " (our kernels are not built for head dim "
                 << p.D << ")";
-    return AttentionPath::kCudnn;
+    return choice(AttentionPath::kCudnn);
   }
-  const auto [cudnnMs, flashMs] = measure(rt, qkvLow, heads);
-  const AttentionPath path = cudnnMs < flashMs ? AttentionPath::kCudnn : AttentionPath::kFlash;
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), " (cudnn %.3f ms, flash %.3f ms forward+backward, median of %d; ", cudnnMs,
-                flashMs, kTimedReps);
-  MT_LOG_INFO << "attention: " << (path == AttentionPath::kCudnn ? "cudnn" : "flash") << " chosen for "
-              << shapeName(p, low) << buf
-              << cudnnAttentionOf(rt).engines(rt.cudnn(), p, v, kCudnnDeterministicBackward) << ")";
-  return path;
+  const Timings t = measure(rt, qkvLow, heads, deterministicOk, flashOk);
+  const double flashMs = t.flash;
+  AttentionChoice c = choice(AttentionPath::kCudnn, t.cudnnDeterministic < t.cudnn);
+  if (flashMs < std::min(t.cudnn, t.cudnnDeterministic)) c = choice(AttentionPath::kFlash);
+  char buf[200];
+  std::snprintf(buf, sizeof(buf),
+                " (cudnn %.3f ms, cudnn with deterministic dQ %.3f ms, flash %.3f ms forward+backward, median of %d; ",
+                t.cudnn, t.cudnnDeterministic, flashMs, kTimedReps);
+  MT_LOG_INFO << "attention: "
+              << (c.path == AttentionPath::kFlash ? "flash"
+                  : c.cudnnDeterministicBackward  ? "cudnn with deterministic dQ"
+                                                  : "cudnn")
+              << " chosen for " << shapeName(p, low) << buf
+              << cudnn.engines(rt.cudnn(), p, v, c.cudnnDeterministicBackward) << ")";
+  return c;
 }
 
 }  // namespace
@@ -186,7 +210,7 @@ CudnnAttention& cudnnAttentionOf(CudaRuntime& rt) {
   return rt.components().get<CudnnAttention>();
 }
 
-AttentionPath chooseAttentionPath(AttentionBackend requested, const Tensor& qkvLow, int64_t heads) {
+AttentionChoice chooseAttention(AttentionBackend requested, const Tensor& qkvLow, int64_t heads) {
   CudaRuntime& rt = CudaRuntime::require();
   const FlashProblem p = problemOf(qkvLow, heads);
   const ShapeKey key{p.B, p.T, p.H, p.D, static_cast<int>(qkvLow.dtype()), requested};
@@ -198,9 +222,9 @@ AttentionPath chooseAttentionPath(AttentionBackend requested, const Tensor& qkvL
   }
   // Decided outside the lock (a measurement runs kernels); two threads deciding the same shape at
   // once would both measure and keep the first answer.
-  const AttentionPath path = decide(rt, requested, qkvLow, heads);
+  const AttentionChoice c = decide(rt, requested, qkvLow, heads);
   std::lock_guard<std::mutex> lock(choices.mutex);
-  return choices.chosen.emplace(key, path).first->second;
+  return choices.chosen.emplace(key, c).first->second;
 }
 
 }  // namespace mt::cuda

@@ -7,10 +7,13 @@
 //           ConfigError naming model.attention (exit 2), with cuDNN's reason;
 //   auto  : the one that runs where only one does (cuDNN's reason is logged once); where both do,
 //           each runs forward + backward on the real shape (the layer's own qkv as input, scratch
-//           outputs) once to warm up and kTimedReps times under CUDA events, and the lower median
-//           wins, logged once:
-//             attention: cudnn chosen for B=64,T=1024,H=12,D=64 bf16 (cudnn 1.571 ms, flash 1.665 ms
-//             forward+backward, median of 5; fwd engine 8, bwd engine 9)
+//           outputs) once to warm up and kTimedReps times under CUDA events — cuDNN with each of its
+//           two backwards, the default (dQ accumulated in f32 with atomics, as PyTorch's) and the
+//           deterministic one (one CTA per dQ tile; faster at head dim 128 on short sequences, H100
+//           2026-12-05) — and the lowest median wins, logged once:
+//             attention: cudnn chosen for B=64,T=1024,H=12,D=64 bf16 (cudnn 1.571 ms, cudnn with
+//             deterministic dQ 1.650 ms, flash 1.665 ms forward+backward, median of 5; ...)
+//   cudnn runs cuDNN's default backward.
 // Neither: the f32 reference path (AttentionPath::kReference). Each rank measures for itself (the
 // all-reduce keeps the weights identical whichever kernel a rank runs). The measurement allocates
 // one block's attention output, qkv gradient and workspaces once, at the shape's first forward.
@@ -25,10 +28,13 @@
 
 namespace mt::cuda {
 
-// The cuDNN backward the layer runs: cuDNN's default (f32 dQ accumulated with atomics), as
-// PyTorch's; CudnnAttention::backward(deterministic = true) is the alternative (tests, bench).
-constexpr bool kCudnnDeterministicBackward = false;
 constexpr int kTimedReps = 5;
+
+// What runs a shape: the path, and with cuDNN which of its backwards.
+struct AttentionChoice {
+  AttentionPath path = AttentionPath::kReference;
+  bool cudnnDeterministicBackward = false;
+};
 
 // q, k, v (which = 0, 1, 2) of the fused [B, T, 3, H, d] tensor.
 FlashView qkvView(const Tensor& t, int which, int64_t H, int64_t d);
@@ -44,6 +50,6 @@ CudnnAttentionViews layerViews(const Tensor& qkvLow, const Tensor& y, const Tens
 CudnnAttention& cudnnAttentionOf(CudaRuntime& rt);
 
 // The implementation for qkvLow (the input in the matmul dtype) with `heads` heads.
-AttentionPath chooseAttentionPath(AttentionBackend requested, const Tensor& qkvLow, int64_t heads);
+AttentionChoice chooseAttention(AttentionBackend requested, const Tensor& qkvLow, int64_t heads);
 
 }  // namespace mt::cuda

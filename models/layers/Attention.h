@@ -38,6 +38,7 @@ struct AttentionSaved {
   Tensor lse;     // flash: log2-domain log-sum-exp [B*H][roundUp(T, 4)]; cudnn: natural-log [B, H, T]
   Tensor y;       // flash, cudnn: the output in the matmul dtype (when it is the projection's
                   // input, as in the GPT, it is not counted again)
+  bool cudnnDeterministicBackward = false;  // cudnn: which backward the choice timed fastest
   bool flash() const { return path == AttentionPath::kFlash; }
   bool cudnn() const { return path == AttentionPath::kCudnn; }
   int64_t bytes() const;

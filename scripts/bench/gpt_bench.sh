@@ -26,10 +26,15 @@ esac
 name="${NAME:-meshtrain}"
 mkdir -p "$out" datasets
 tokens=datasets/bench_tokens.h5
-if [[ ! -f $tokens ]]; then
-  # Random GPT-2 token ids: throughput does not depend on what the tokens say.
-  python3 -c "import numpy as np; np.save('/tmp/bench_tokens.npy', np.random.default_rng(0).integers(0, 50257, 128*1025*($steps+5), dtype=np.int64))"
+# Random GPT-2 token ids: throughput does not depend on what the tokens say. The file records how
+# many it holds ($tokens.count): one made for fewer steps (or by another script) is made again, since
+# PyTorch's half stops with an error when the data runs out.
+need=$((128 * 1025 * (steps + 5)))
+if [[ ! -f $tokens || $(cat "$tokens.count" 2>/dev/null || echo 0) -lt $need ]]; then
+  python3 -c "import numpy as np; np.save('/tmp/bench_tokens.npy', np.random.default_rng(0).integers(0, 50257, $need, dtype=np.int64))"
+  rm -f "$tokens" "$tokens.count"
   python3 scripts/data/text_to_tokens --npy /tmp/bench_tokens.npy --vocab 50257 --test-fraction 0.01 --out $tokens
+  echo $need >"$tokens.count"
 fi
 echo "== $name"
 rm -rf "${out:?}/$name"

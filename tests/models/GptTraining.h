@@ -64,11 +64,20 @@ struct GptGrads {
   std::vector<std::pair<std::string, std::vector<float>>> grads;
 };
 
-inline GptGrads gptGrads(const GptConfig& cfg, Device device, float lossScale, int64_t B) {
+// values: the flat parameter values (ParamTable::flatValues' layout, e.g. GptRun::values) to take
+// instead of the initialisation.
+inline GptGrads gptGrads(const GptConfig& cfg, Device device, float lossScale, int64_t B,
+                         const std::vector<float>* values = nullptr) {
   Gpt model(cfg);
   ParamTable& params = model.params();
   params.materialize(device);
   model.initParams(7);
+  if (values) {
+    Tensor host = Tensor::empty({static_cast<int64_t>(values->size())}, DType::kF32);
+    std::copy(values->begin(), values->end(), host.data<float>());
+    MT_CHECK(host.numel() == params.flatValues().numel(), "gptGrads: values of another model");
+    params.flatValues().copyFrom(host);
+  }
   Batch b = fixedBatch(cfg, device, B, 0);
   Context ctx;
   ctx.device = device;

@@ -268,7 +268,9 @@ TEST(CudnnAttention, LayerBackendsTakeTheirPath) {
     AttentionSaved s;
     attentionForward(gy, qkv.to(kGpu), H, &s, b);
     attentionBackward(gd, dy.to(kGpu), s, H);
-    const char* ran = s.cudnn() ? "cudnn" : s.flash() ? "flash" : "reference";
+    const char* ran = s.cudnn() ? (s.cudnnDeterministicBackward ? "cudnn (deterministic dQ)" : "cudnn")
+                      : s.flash() ? "flash"
+                                  : "reference";
     const double ey = relL2(gy, asDouble(y), 1, 0), ed = relL2(gd, asDouble(dqkv), 1, 0);
     std::printf("layer model.attention=%s ran %s: y %.2e dqkv %.2e (relative L2), saved %lld bytes\n",
                 enumName(attentionBackends(), b), ran, ey, ed, static_cast<long long>(s.bytes()));
@@ -278,6 +280,13 @@ TEST(CudnnAttention, LayerBackendsTakeTheirPath) {
     if (s.cudnn()) EXPECT_EQ(s.lse.numel(), B * H * T);
     EXPECT_LT(ey, 2e-2);
     EXPECT_LT(ed, 2e-2);
+    if (b == AttentionBackend::kCudnn) EXPECT_FALSE(s.cudnnDeterministicBackward);  // cudnn: cuDNN's default
+    if (s.cudnn() && s.cudnnDeterministicBackward) {  // auto chose it: the layer's backward repeats bitwise
+      Tensor again = nanTensor(dqkv.shape(), DType::kF32);
+      attentionBackward(again, dy.to(kGpu), s, H);
+      Tensor a = gd.to(Device::cpu()), c = again.to(Device::cpu());
+      EXPECT_EQ(std::memcmp(a.rawData(), c.rawData(), a.nbytes()), 0);
+    }
   }
   // Head dim 20: neither kernel runs it (cuDNN wants a multiple of 8; ours are built for 32/64/128).
   const int64_t D2 = 20, C2 = H * D2;
