@@ -25,6 +25,7 @@ namespace mt {
 struct OffloadJob {
   float lr = 0.f;
   bool upload = true;  // the worker uploads each unit's parameters behind its update (not with DPU)
+  float gradScale = 1.f;  // the gradient clip's factor, applied by the update's own pass
 };
 
 class OffloadQueue {

@@ -113,7 +113,10 @@ bool ShardedEngine::isReplicaWriter() const {
 }
 
 Optimizer& ShardedEngine::optimizer() {
-  if (off_) settleHostGrads();
+  if (off_) {
+    settleHostGrads();
+    forgetDeviceNorms();
+  }
   return *optimizer_;
 }
 

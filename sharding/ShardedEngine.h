@@ -162,6 +162,9 @@ class ShardedEngine final : public ModelHooks {
   void settleHostGrads();  // settle() and this iteration's gradients on the host
   void awaitParams(int u);
   double clipOffloaded(float maxNorm);
+  // The host gradients handed out (optimizer()) may change (the loss scaler unscales them): the
+  // norms summed on the GPU before their copies no longer hold, clipOffloaded sums the host's.
+  void forgetDeviceNorms();
   void stepOffloaded(float lr);
 
   // Every parameter's piece inside this rank's shard of each unit, in unit order: values over the

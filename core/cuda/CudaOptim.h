@@ -13,6 +13,8 @@ void sgdMultiTensor(const std::vector<OptimSegment>& segs, const std::vector<int
                     float lr, float wd, float momentum, bool nesterov, bool firstStep);
 // Sum of squares of a flat f32 device tensor, in f64, deterministic (fixed reduction tree).
 double sumOfSquares(const Tensor& t);
+// The same sum written to *out (device memory) on the current stream, with no host synchronisation.
+void sumOfSquaresInto(const Tensor& t, double* out);
 // Over every segment's gradient in a few multi-tensor launches and one host synchronisation.
 double sumOfSquares(const std::vector<OptimSegment>& segments);
 void scaleGrads(const std::vector<OptimSegment>& segments, float factor);

@@ -215,20 +215,30 @@ void sgdMultiTensor(const std::vector<OptimSegment>& segs, const std::vector<int
   });
 }
 
-double sumOfSquares(const Tensor& t) {
+void sumOfSquaresInto(const Tensor& t, double* out) {
   const int64_t n = t.numel();
-  if (n == 0) return 0.0;
+  if (n == 0) {
+    CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), currentStream()));
+    return;
+  }
   const int64_t blocks = (n + kChunk - 1) / kChunk;
-  Tensor part = Tensor::empty({blocks + 1}, DType::kF64, t.device());
+  // Released at once: a later allocation on this stream runs after these kernels (stream order).
+  Tensor part = Tensor::empty({blocks}, DType::kF64, t.device());
   if (t.dtype() == DType::kBF16)
     sumSqPartial<<<static_cast<unsigned>(blocks), 256, 0, currentStream()>>>(
         static_cast<const __nv_bfloat16*>(t.rawData()), n, part.data<double>());
   else
     sumSqPartial<<<static_cast<unsigned>(blocks), 256, 0, currentStream()>>>(t.data<float>(), n, part.data<double>());
-  sumFinal<<<1, 256, 0, currentStream()>>>(part.data<double>(), blocks, part.data<double>() + blocks);
+  sumFinal<<<1, 256, 0, currentStream()>>>(part.data<double>(), blocks, out);
   checkLaunch();
+}
+
+double sumOfSquares(const Tensor& t) {
+  if (t.numel() == 0) return 0.0;
+  Tensor total = Tensor::empty({1}, DType::kF64, t.device());
+  sumOfSquaresInto(t, total.data<double>());
   double out = 0.0;
-  CUDA_CHECK(cudaMemcpyAsync(&out, part.data<double>() + blocks, sizeof(double), cudaMemcpyDeviceToHost, currentStream()));
+  CUDA_CHECK(cudaMemcpyAsync(&out, total.data<double>(), sizeof(double), cudaMemcpyDeviceToHost, currentStream()));
   CUDA_CHECK(cudaStreamSynchronize(currentStream()));
   return out;
 }

@@ -67,7 +67,7 @@ namespace {
 // The step's scalars, computed once as the reference always has: the bias corrections in double,
 // as PyTorch computes them in Python floats.
 struct Consts {
-  float decay, b1, omb1, b2, omb2, stepSize, bc2Sqrt, eps;
+  float decay, b1, omb1, b2, omb2, stepSize, bc2Sqrt, eps, gScale;
 };
 
 Consts constsOf(const AdamwHyper& h) {
@@ -82,6 +82,7 @@ Consts constsOf(const AdamwHyper& h) {
   c.stepSize = static_cast<float>(static_cast<double>(h.lr) / bc1);
   c.bc2Sqrt = static_cast<float>(std::sqrt(bc2));
   c.eps = h.eps;
+  c.gScale = h.gradScale;
   return c;
 }
 
@@ -99,7 +100,7 @@ void scalarRange(float* p, const G* g, float* m, float* v, BFloat16* copy, int64
 #pragma omp simd
   for (int64_t i = lo; i < hi; ++i) {
     float pi = p[i] * c.decay;
-    const float gi = gradOf(g, i);
+    const float gi = gradOf(g, i) * c.gScale;
     const float mi = c.b1 * m[i] + c.omb1 * gi;
     const float vi = c.b2 * v[i] + c.omb2 * gi * gi;
     m[i] = mi;
@@ -141,11 +142,11 @@ MT_TARGET_AVX512 void avx512Range(float* p, const G* g, float* m, float* v, BFlo
   const __m512 decay = _mm512_set1_ps(c.decay), b1 = _mm512_set1_ps(c.b1), omb1 = _mm512_set1_ps(c.omb1),
                b2 = _mm512_set1_ps(c.b2), omb2 = _mm512_set1_ps(c.omb2),
                stepSize = _mm512_set1_ps(c.stepSize), bc2Sqrt = _mm512_set1_ps(c.bc2Sqrt),
-               eps = _mm512_set1_ps(c.eps);
+               eps = _mm512_set1_ps(c.eps), gScale = _mm512_set1_ps(c.gScale);
   int64_t i = lo;
   for (; i + 16 <= hi; i += 16) {
     __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
-    const __m512 gi = loadGrad(g + i);
+    const __m512 gi = _mm512_mul_ps(loadGrad(g + i), gScale);
     const __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(omb1, gi));
     const __m512 vi =
         _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)), _mm512_mul_ps(_mm512_mul_ps(omb2, gi), gi));
@@ -189,11 +190,11 @@ MT_TARGET_AVX2 void avx2Range(float* p, const G* g, float* m, float* v, BFloat16
   const __m256 decay = _mm256_set1_ps(c.decay), b1 = _mm256_set1_ps(c.b1), omb1 = _mm256_set1_ps(c.omb1),
                b2 = _mm256_set1_ps(c.b2), omb2 = _mm256_set1_ps(c.omb2),
                stepSize = _mm256_set1_ps(c.stepSize), bc2Sqrt = _mm256_set1_ps(c.bc2Sqrt),
-               eps = _mm256_set1_ps(c.eps);
+               eps = _mm256_set1_ps(c.eps), gScale = _mm256_set1_ps(c.gScale);
   int64_t i = lo;
   for (; i + 8 <= hi; i += 8) {
     __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
-    const __m256 gi = loadGrad8(g + i);
+    const __m256 gi = _mm256_mul_ps(loadGrad8(g + i), gScale);
     const __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, gi));
     const __m256 vi =
         _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)), _mm256_mul_ps(_mm256_mul_ps(omb2, gi), gi));

@@ -4,7 +4,7 @@
 // the bf16 copy of p that the offload uploads for the all-gathers (DeepSpeed's CPU-Adam in
 // spirit). Per element, in f32, in this order (PyTorch's AdamW, core/optim/Optimizer.h):
 //
-//   q = p·(1 - lr·wd);  m = b1·m + (1-b1)·g;  v = b2·v + ((1-b2)·g)·g
+//   g = g·gradScale;  q = p·(1 - lr·wd);  m = b1·m + (1-b1)·g;  v = b2·v + ((1-b2)·g)·g
 //   p = q - s·(m / (sqrt(v) / c2 + eps)),  s = lr / (1 - b1^t),  c2 = sqrt(1 - b2^t)  (from double)
 //   copy = bf16(p), round to nearest even, NaN a quiet NaN (BFloat16::fromFloat)
 //
@@ -41,6 +41,9 @@ CpuAdamIsa cpuAdamIsaFromEnv();
 struct AdamwHyper {
   float lr = 0.f, weightDecay = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   int64_t step = 1;  // 1-based, for the bias corrections
+  // g is read as g·gradScale (in f32; x·1 is exact, so 1 changes nothing): a gradient clip's
+  // factor applied in this pass instead of a read-modify-write pass of its own (ZeRO-Offload).
+  float gradScale = 1.f;
 };
 
 // n elements each; g is f32 or bf16 (gBf16); copy may be null (no bf16 copy written). No alignment

@@ -65,11 +65,11 @@ inline float gradAt(const float* g, int64_t i) { return g[i]; }
 inline float gradAt(const BFloat16* g, int64_t i) { return static_cast<float>(g[i]); }
 
 template <typename G>
-void sgdImpl(float* p, const G* g, float* buf, int64_t n, float lr, float wd, float momentum, bool nesterov,
-             bool firstStep) {
+void sgdImpl(float* p, const G* g, float gradScale, float* buf, int64_t n, float lr, float wd, float momentum,
+             bool nesterov, bool firstStep) {
   parallelFor(n, 1 << 14, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      float gi = gradAt(g, i) + wd * p[i];
+      float gi = gradAt(g, i) * gradScale + wd * p[i];
       if (momentum != 0.f) {
         const float b = firstStep ? gi : momentum * buf[i] + gi;
         buf[i] = b;
@@ -82,8 +82,8 @@ void sgdImpl(float* p, const G* g, float* buf, int64_t n, float lr, float wd, fl
 
 }  // namespace
 
-void adamwUpdateCpu(float* p, const Tensor& g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
-                    float beta2, float eps, int64_t step, CpuAdamIsa isa, BFloat16* copy) {
+void adamwUpdateCpu(float* p, const Tensor& g, float gradScale, float* m, float* v, int64_t n, float lr, float wd,
+                    float beta1, float beta2, float eps, int64_t step, CpuAdamIsa isa, BFloat16* copy) {
   AdamwSpans s;
   s.p = p;
   s.g = g.rawData();
@@ -92,13 +92,17 @@ void adamwUpdateCpu(float* p, const Tensor& g, float* m, float* v, int64_t n, fl
   s.v = v;
   s.copy = copy;
   s.n = n;
-  cpuAdamw(s, {lr, wd, beta1, beta2, eps, step}, isa);
+  AdamwHyper h{lr, wd, beta1, beta2, eps, step};
+  h.gradScale = gradScale;
+  cpuAdamw(s, h, isa);
 }
 
-void sgdUpdateCpu(float* p, const Tensor& g, float* buf, int64_t n, float lr, float wd, float momentum,
-                  bool nesterov, bool firstStep) {
-  if (g.dtype() == DType::kBF16) sgdImpl(p, g.data<BFloat16>(), buf, n, lr, wd, momentum, nesterov, firstStep);
-  else sgdImpl(p, g.data<float>(), buf, n, lr, wd, momentum, nesterov, firstStep);
+void sgdUpdateCpu(float* p, const Tensor& g, float gradScale, float* buf, int64_t n, float lr, float wd,
+                  float momentum, bool nesterov, bool firstStep) {
+  if (g.dtype() == DType::kBF16)
+    sgdImpl(p, g.data<BFloat16>(), gradScale, buf, n, lr, wd, momentum, nesterov, firstStep);
+  else
+    sgdImpl(p, g.data<float>(), gradScale, buf, n, lr, wd, momentum, nesterov, firstStep);
 }
 
 namespace {
@@ -111,11 +115,12 @@ class AdamW final : public Optimizer {
     v_ = Tensor::zeros({stateNumel_}, DType::kF32, d);
     if (!d.isCuda()) isa_ = cpuAdamIsaFromEnv();  // a bad MT_CPU_ADAM is refused before training
   }
-  void stepSegments(float lr, size_t first, size_t last) override {
+  void updateSegments(float lr, size_t first, size_t last, float gradScale) override {
     MT_CHECK(first <= last && last <= segments_.size() && steps_ > 0, "adamw: segments [", first, ", ", last,
              ") of ", segments_.size(), " at step ", steps_);
 #ifdef MT_WITH_CUDA
     if (m_.device().isCuda()) {
+      MT_CHECK(gradScale == 1.f, "adamw: a gradient scale on the device (scale the gradients in place)");
       const bool all = first == 0 && last == segments_.size();
       cuda::adamwMultiTensor(all ? segments_ : slice(segments_, first, last),
                              all ? stateOffsets_ : slice(stateOffsets_, first, last), m_, v_, lr, cfg_.weightDecay,
@@ -125,7 +130,7 @@ class AdamW final : public Optimizer {
 #endif
     for (size_t i = first; i < last; ++i) {
       auto& s = segments_[i];
-      adamwUpdateCpu(s.value.data<float>(), s.grad, m_.data<float>() + stateOffsets_[i],
+      adamwUpdateCpu(s.value.data<float>(), s.grad, gradScale, m_.data<float>() + stateOffsets_[i],
                      v_.data<float>() + stateOffsets_[i], s.value.numel(), lr, s.decay ? cfg_.weightDecay : 0.f,
                      cfg_.beta1, cfg_.beta2, cfg_.eps, steps_, isa_,
                      s.copy.defined() ? s.copy.data<BFloat16>() : nullptr);
@@ -145,12 +150,13 @@ class Sgd final : public Optimizer {
     Device d = segments_.empty() ? Device::cpu() : segments_[0].value.device();
     buf_ = Tensor::zeros({cfg_.momentum != 0.f ? stateNumel_ : 0}, DType::kF32, d);
   }
-  void stepSegments(float lr, size_t firstSeg, size_t lastSeg) override {
+  void updateSegments(float lr, size_t firstSeg, size_t lastSeg, float gradScale) override {
     MT_CHECK(firstSeg <= lastSeg && lastSeg <= segments_.size() && steps_ > 0, "sgd: segments [", firstSeg, ", ",
              lastSeg, ") of ", segments_.size(), " at step ", steps_);
     const bool first = steps_ == 1;  // the momentum buffer starts as the first gradient
 #ifdef MT_WITH_CUDA
     if (buf_.device().isCuda()) {
+      MT_CHECK(gradScale == 1.f, "sgd: a gradient scale on the device (scale the gradients in place)");
       const bool all = firstSeg == 0 && lastSeg == segments_.size();
       cuda::sgdMultiTensor(all ? segments_ : slice(segments_, firstSeg, lastSeg),
                            all ? stateOffsets_ : slice(stateOffsets_, firstSeg, lastSeg), buf_, lr, cfg_.weightDecay,
@@ -160,7 +166,7 @@ class Sgd final : public Optimizer {
 #endif
     for (size_t i = firstSeg; i < lastSeg; ++i) {
       auto& s = segments_[i];
-      sgdUpdateCpu(s.value.data<float>(), s.grad,
+      sgdUpdateCpu(s.value.data<float>(), s.grad, gradScale,
                    cfg_.momentum != 0.f ? buf_.data<float>() + stateOffsets_[i] : nullptr, s.value.numel(), lr,
                    s.decay ? cfg_.weightDecay : 0.f, cfg_.momentum, cfg_.nesterov, first);
       if (s.copy.defined()) {

@@ -47,8 +47,12 @@ class Optimizer {
   // The step in pieces (sharding's offload steps unit by unit, as each unit's gradients reach the
   // host): beginStep() counts the step once, then stepSegments updates segments [first, last),
   // each segment exactly once per step, in any order and grouping.
+  // gradScale multiplies every gradient as the step reads it (a clip factor applied in the update's
+  // own pass; the host only: the device path scales in place, clipGradNormOnDevice).
   void beginStep() { ++steps_; }
-  virtual void stepSegments(float lr, size_t first, size_t last) = 0;
+  void stepSegments(float lr, size_t first, size_t last, float gradScale = 1.f) {
+    updateSegments(lr, first, last, gradScale);
+  }
   // Named flat state buffers (checkpointing, resharding); same order on every rank.
   virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
   int64_t stepCount() const { return steps_; }
@@ -62,6 +66,7 @@ class Optimizer {
 
  protected:
   explicit Optimizer(std::vector<OptimSegment> segs);
+  virtual void updateSegments(float lr, size_t first, size_t last, float gradScale) = 0;
   std::vector<OptimSegment> segments_;
   std::vector<int64_t> stateOffsets_;  // start of each segment in the flat state
   int64_t stateNumel_ = 0;
@@ -78,9 +83,9 @@ std::vector<OptimSegment> segmentsOf(class ParamTable& table);
 // optimizer of sharding; exposed for the kernel tests.
 // g is the segment's gradient tensor (f32 or bf16); copy (may be null) receives bf16(p) in the same
 // pass; isa: the CpuAdam variant (each gives bitwise the same results).
-void adamwUpdateCpu(float* p, const Tensor& g, float* m, float* v, int64_t n, float lr, float wd, float beta1,
+void adamwUpdateCpu(float* p, const Tensor& g, float gradScale, float* m, float* v, int64_t n, float lr, float wd, float beta1,
                     float beta2, float eps, int64_t step, CpuAdamIsa isa, BFloat16* copy = nullptr);
-void sgdUpdateCpu(float* p, const Tensor& g, float* buf, int64_t n, float lr, float wd, float momentum,
+void sgdUpdateCpu(float* p, const Tensor& g, float gradScale, float* buf, int64_t n, float lr, float wd, float momentum,
                   bool nesterov, bool firstStep);
 
 }  // namespace mt

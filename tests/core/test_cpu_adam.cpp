@@ -131,6 +131,33 @@ TEST(CpuAdam, EveryVariantEqualsTheScalarReferenceBitwise) {
         }
 }
 
+// gradScale (ZeRO-Offload's clip factor, applied as the update reads g): every variant gives bitwise
+// what the step gives on gradients scaled in place first (f32: the same product, rounded once), and
+// 1 changes nothing. Fails if a variant ignores the factor or applies it to m or v instead.
+TEST(CpuAdam, GradScaleEqualsScalingTheGradientFirst) {
+  for (CpuAdamIsa isa : supportedVariants())
+    for (int64_t n : {17, 100003}) {
+      const float c = 0.3173f;
+      Shard fused(n, 1, 11), scaled = fused;
+      for (size_t i = 0; i < scaled.gf.size(); ++i) scaled.gf[i] *= c;
+      AdamwHyper h{1e-3f, 0.1f, 0.9f, 0.95f, 1e-8f, 3};
+      cpuAdamw(scaled.spans(false, true), h, isa);
+      h.gradScale = c;
+      cpuAdamw(fused.spans(false, true), h, isa);
+      const std::string where = std::string(cpuAdamIsaName(isa)) + " n=" + std::to_string(n);
+      expectSameBits(fused.p, scaled.p, "p", where);
+      expectSameBits(fused.m, scaled.m, "m", where);
+      expectSameBits(fused.v, scaled.v, "v", where);
+      Shard one(n, 1, 11), plain = one;
+      h.gradScale = 1.f;
+      cpuAdamw(one.spans(true, true), h, isa);
+      h = AdamwHyper{1e-3f, 0.1f, 0.9f, 0.95f, 1e-8f, 3};
+      cpuAdamw(plain.spans(true, true), h, isa);
+      expectSameBits(one.p, plain.p, "p (scale 1)", where);
+      EXPECT_NE(bitsOf(fused.p[5]), bitsOf(one.p[5])) << where << ": the factor changed nothing";
+    }
+}
+
 // The kernel against the formula in double (PyTorch's AdamW): max|error| / max|p| < 1e-6.
 TEST(CpuAdam, ReferenceMatchesTheFormulaInDouble) {
   const int64_t n = 4099;
