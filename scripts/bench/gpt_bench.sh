@@ -5,7 +5,8 @@
 # Environment: TRAINER (default dist/bin/trainer or build/bin/trainer), STEPS (50), OUT (results),
 # REF (1; 0 = meshtrain only, for A/B runs of meshtrain settings after a full run),
 # NAME (run name, default meshtrain), PRESET (d12; d24 = GPT-2 350M, d36, d48, gpt3-2.7b, gpt3-6.7b), BATCH (64),
-# ARGS (extra trainer overrides for meshtrain's half, e.g. "--optim.lr=1e-7 --train.grad_clip=0").
+# ARGS (extra trainer overrides for meshtrain's half, e.g. "--optim.lr=1e-7 --train.grad_clip=0"),
+# REF_ARGS (extra gpt_reference.py options, e.g. --checkpoint: torch.utils.checkpoint per block).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 trainer="${TRAINER:-$( [[ -x dist/bin/trainer ]] && echo dist/bin/trainer || echo build/bin/trainer )}"
@@ -44,7 +45,7 @@ rm -rf "${out:?}/$name"
 if [[ $ref != 0 ]]; then
   echo "== pytorch"
   # shellcheck disable=SC2086
-  python3 scripts/bench/gpt_reference.py --tokens $tokens --steps "$steps" --batch "$batch" $dims 2>&1 | tee "$out/pytorch.log" | tail -1
+  python3 scripts/bench/gpt_reference.py --tokens $tokens --steps "$steps" --batch "$batch" $dims ${REF_ARGS:-} 2>&1 | tee "$out/pytorch.log" | tail -1
 fi
 python3 - "$out" "$name" "$ref" <<'PY'
 import json, sys, statistics

@@ -16,6 +16,7 @@ from pydeps import require  # noqa: E402
 h5py, np, torch = require("gpt_reference.py", "h5py", "numpy", "torch")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 
 
 class Block(nn.Module):
@@ -39,9 +40,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, V, Vp, T, L, H, C):
+    def __init__(self, V, Vp, T, L, H, C, checkpoint=False):
         super().__init__()
         self.V = V
+        self.checkpoint = checkpoint  # torch.utils.checkpoint per block (meshtrain's "blocks")
         self.wte = nn.Parameter(torch.randn(Vp, C) * 0.02)
         self.wpe = nn.Parameter(torch.randn(T, C) * 0.01)
         self.h = nn.ModuleList([Block(C, H) for _ in range(L)])
@@ -56,7 +58,10 @@ class GPT(nn.Module):
     def forward(self, idx, targets):
         x = self.wte[idx] + self.wpe[: idx.shape[1]]
         for b in self.h:
-            x = b(x)
+            if self.checkpoint and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False)
+            else:
+                x = b(x)
         logits = self.ln_f(x) @ self.wte.t()
         return F.cross_entropy(logits[..., : self.V].float().reshape(-1, self.V), targets.reshape(-1))
 
@@ -71,13 +76,15 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--channels", type=int, default=768)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around every block "
+                    "(non-reentrant): what train.activation_checkpointing = blocks does")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     V, Vp, T, B = 50257, 50304, args.seq, args.batch
     with h5py.File(args.tokens) as f:
         toks = torch.from_numpy(f["train/tokens"][: B * (T + 1) * args.steps + 1].astype(np.int64))
-    model = GPT(V, Vp, T, args.layers, args.heads, args.channels).cuda()
+    model = GPT(V, Vp, T, args.layers, args.heads, args.channels, args.checkpoint).cuda()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -101,7 +108,8 @@ def main():
         times.append(time.time() - t0)
     steady = sorted(times[10:])[len(times[10:]) // 2]  # median after warm-up and compilation
     tps = B * T / steady
-    print(json.dumps({"impl": "pytorch-compile" if not args.no_compile else "pytorch-eager", "tokens_per_s": tps,
+    impl = ("pytorch-compile" if not args.no_compile else "pytorch-eager") + ("+checkpoint" if args.checkpoint else "")
+    print(json.dumps({"impl": impl, "tokens_per_s": tps,
                       "mfu": tps * flops_per_token / 989e12, "step_ms": steady * 1000,
                       "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "final_loss": loss.item(),
                       "params": n, "torch": torch.__version__}))
