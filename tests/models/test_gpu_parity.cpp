@@ -693,20 +693,22 @@ TEST(GpuParity, GptCheckpointingGradientsMatchNone) {
 // initial scale loses no more than bf16 against the CPU's f32 gradients. Per parameter: the norm
 // ratio to the f32 gradient and the relative L2 error, in bf16 and in f16 at scales 2^16 and 1
 // (the second shows what underflow costs when the scale has collapsed).
+// L2 norm of a host vector, and the relative L2 distance of a from b.
+double vecNorm(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += static_cast<double>(x) * x;
+  return std::sqrt(s);
+}
+double vecRel(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  return std::sqrt(s) / (vecNorm(b) + 1e-30);
+}
+
 TEST(GpuParity, GptLossScaleReachesEveryGradientOnce) {
   GptConfig c;
   c.vocab = 200, c.paddedVocab = 256, c.maxT = 64, c.layers = 2, c.heads = 2, c.channels = 128;
   const test::GptGrads ref = test::gptGrads(c, Device::cpu(), 1.f, 4);
-  auto norm = [](const std::vector<float>& v) {
-    double s = 0;
-    for (float x : v) s += static_cast<double>(x) * x;
-    return std::sqrt(s);
-  };
-  auto rel = [&](const std::vector<float>& a, const std::vector<float>& b) {
-    double s = 0;
-    for (size_t i = 0; i < a.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    return std::sqrt(s) / (norm(b) + 1e-30);
-  };
   for (auto [p, scale] : {std::pair{MatmulPrecision::kBF16, 65536.f}, {MatmulPrecision::kF16, 65536.f},
                           {MatmulPrecision::kF16, 1.f}}) {
     PrecisionScope scope(p);
@@ -715,8 +717,8 @@ TEST(GpuParity, GptLossScaleReachesEveryGradientOnce) {
     double worst = 0;
     for (size_t i = 0; i < g.grads.size(); ++i) {
       const std::string& name = ref.grads[i].first;
-      const double ratio = norm(g.grads[i].second) / (norm(ref.grads[i].second) + 1e-30);
-      const double e = rel(g.grads[i].second, ref.grads[i].second);
+      const double ratio = vecNorm(g.grads[i].second) / (vecNorm(ref.grads[i].second) + 1e-30);
+      const double e = vecRel(g.grads[i].second, ref.grads[i].second);
       worst = std::max(worst, e);
       std::printf("loss scale %g, precision %d: %-22s norm ratio %.4f, relative L2 %.2e\n", scale,
                   static_cast<int>(p), name.c_str(), ratio, e);
@@ -746,16 +748,6 @@ TEST(GpuParity, GptF16GradientsCloserThanBf16AtGpt2Width) {
     PrecisionScope scope(MatmulPrecision::kF32);
     trained = test::trainGpt(c, kGpu, true, 40, B).values;
   }
-  auto norm = [](const std::vector<float>& v) {
-    double s = 0;
-    for (float x : v) s += static_cast<double>(x) * x;
-    return std::sqrt(s);
-  };
-  auto rel = [&](const std::vector<float>& a, const std::vector<float>& b) {
-    double s = 0;
-    for (size_t i = 0; i < a.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    return std::sqrt(s) / (norm(b) + 1e-30);
-  };
   const std::vector<float>* const weights[] = {nullptr, &trained};
   for (const std::vector<float>* values : weights) {
     const char* when = values ? "trained" : "init";
@@ -775,7 +767,7 @@ TEST(GpuParity, GptF16GradientsCloserThanBf16AtGpt2Width) {
         const test::GptGrads g = test::gptGrads(c, kGpu, 65536.f, B, values);
         ASSERT_EQ(g.grads.size(), ref.grads.size());
         loss[k] = g.loss;
-        for (size_t i = 0; i < g.grads.size(); ++i) err[k].push_back(rel(g.grads[i].second, ref.grads[i].second));
+        for (size_t i = 0; i < g.grads.size(); ++i) err[k].push_back(vecRel(g.grads[i].second, ref.grads[i].second));
         ++k;
       }
       std::printf("%s, attention %s: loss f32 %.6f bf16 %+.2e f16 %+.2e\n", when, bname, ref.loss, loss[0] - ref.loss,
