@@ -135,6 +135,14 @@ AttentionChoice decide(CudaRuntime& rt, AttentionBackend requested, const Tensor
                 << ": cuDNN's fused attention cannot run it: " << why;
     return choice(fallback);
   }
+  if (low == DType::kF16 && flashOk) {
+    // cuDNN's f16 backward loses what f16 should keep over bf16 in the gradients that pass through
+    // attention (GptF16GradientsCloserThanBf16AtGpt2Width: f16/bf16 error ~1.0 against ~0.27 with
+    // ours) and cost +0.078 nats at d12 over 800 steps where ours cost +0.021 (H100, 2026-12-06).
+    MT_LOG_INFO << "attention: flash for " << shapeName(p, low)
+                << " (f16: cuDNN's f16 backward is less accurate; model.attention = cudnn runs it)";
+    return choice(AttentionPath::kFlash);
+  }
   const bool deterministicOk = cudnn.unsupported(rt.cudnn(), p, v, true).empty();
   if (!flashOk && !deterministicOk) {
     MT_LOG_INFO << "attention: cudnn for " << shapeName(p, low) << " (our kernels are not built for head dim "

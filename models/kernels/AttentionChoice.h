@@ -13,6 +13,7 @@
 //           2026-12-05) — and the lowest median wins, logged once:
 //             attention: cudnn chosen for B=64,T=1024,H=12,D=64 bf16 (cudnn 1.571 ms, cudnn with
 //             deterministic dQ 1.650 ms, flash 1.665 ms forward+backward, median of 5; ...)
+//   In f16 auto runs ours where built (cuDNN's f16 backward is less accurate, docs/performance.md).
 //   cudnn runs cuDNN's default backward.
 // Neither: the f32 reference path (AttentionPath::kReference). Each rank measures for itself (the
 // all-reduce keeps the weights identical whichever kernel a rank runs). The measurement allocates
