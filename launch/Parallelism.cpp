@@ -135,7 +135,11 @@ class Sharded final : public Parallelism {
   void afterEvalForward() override { engine_->releaseAll(); }
   void afterLoad() override { engine_->refreshGatherCopies(); }
   MemoryAccount measureMemory() override { return engine_->measureMemory(); }
-  CommReport takeCommReport() override { return {}; }
+  CommReport takeCommReport() override {
+    CommReport r;
+    r.offload = engine_->takeOffloadTimes();
+    return r;
+  }
   std::vector<BucketTrace> bucketTrace() const override { return engine_->lastTrace(); }
   int64_t backwardEndUs() const override { return engine_->backwardEndUs(); }
   CheckpointRole checkpointRole() const override { return {false, engine_->isReplicaWriter()}; }

@@ -24,11 +24,13 @@
 
 namespace mt {
 
-// What a step's gradient traffic cost (data parallelism; empty for sharded strategies).
+// What a step's gradient traffic cost (data parallelism), and for sharded strategies with
+// sharding.offload = cpu where the offload's time went.
 struct CommReport {
   bool present = false;
   std::string reducer;  // "allreduce", "powersgd", "hierarchical", ...
   CompressionStats stats;
+  OffloadTimes offload;  // jobs == 0: no offload
 };
 
 // How checkpoints treat this rank's optimizer state.

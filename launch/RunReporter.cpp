@@ -80,6 +80,14 @@ void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
                   static_cast<double>(cs.bytesBefore) / static_cast<double>(cs.bytesAfter));
     extra += buf;
   }
+  const OffloadTimes& ot = comm.offload;
+  if (ot.jobs > 0) {  // ZeRO-Offload: the CPU step per step, and how much of it the GPU waited for
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), " offload cpu %.1f ms (copy wait %.1f) train wait %.1f ms gpu wait %.1f ms",
+                  1e3 * ot.jobS / static_cast<double>(ot.jobs), 1e3 * ot.copyWaitS / static_cast<double>(ot.jobs),
+                  1e3 * ot.trainWaitS * perStep, 1e3 * ot.gpuWaitS * perStep);
+    extra += buf;
+  }
   MT_LOG_INFO << task_.progressLine(p) << extra;
   nlohmann::json j = {{"type", "step"},
                       {"step", p.step},
@@ -102,6 +110,12 @@ void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
   if (r.lossScale > 0) {
     j["loss_scale"] = r.lossScale;
     j["skipped_steps"] = r.skippedSteps;
+  }
+  if (ot.jobs > 0) {
+    j["offload_cpu_s"] = ot.jobS / static_cast<double>(ot.jobs);
+    j["offload_copy_wait_s"] = ot.copyWaitS / static_cast<double>(ot.jobs);
+    j["offload_train_wait_s"] = ot.trainWaitS * perStep;
+    j["offload_gpu_wait_s"] = ot.gpuWaitS * perStep;
   }
   if (comm.present) {
     j["compression"] = comm.reducer;

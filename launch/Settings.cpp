@@ -201,6 +201,7 @@ Settings Settings::fromConfig(const Config& c) {
                               ? (s.sharding.offloadCpu && lowCompute ? DType::kBF16 : DType::kF32)
                               : enumOf(c, "sharding.param_dtype", dtypes());
   s.sharding.reduceDtype = enumOf(c, "sharding.reduce_dtype", dtypes());
+  s.sharding.deviceNorms = s.gradClip > 0.f;
   if (s.sharding.offloadCpu && s.sharding.strategy == ShardStrategy::kNoShard)
     c.fail("sharding.offload", "needs a sharded strategy (full_shard, shard_grad_op or hybrid_shard)");
   s.sharding.delayedUpdate = c.flag("sharding.delayed_update");

@@ -64,6 +64,9 @@ struct ShardingOptions {
   int prefetchLimit = 2;            // the unit computing + all-gathers in flight
   DType paramDtype = DType::kF32;   // all-gathered parameters (f32 or bf16)
   DType reduceDtype = DType::kF32;  // reduce-scattered gradients (f32 or bf16)
+  // Offload on a GPU: each final gradient shard's sum of squares taken on the device for the clip's
+  // norm (train.grad_clip > 0); without a clip nobody reads them.
+  bool deviceNorms = true;
 };
 
 struct MemoryAccount {
@@ -79,6 +82,19 @@ struct MemoryAccount {
 
 enum class EnginePhase { kIdle, kForward, kBackward };
 const EnumTable<EnginePhase>& enginePhases();
+
+// Where ZeRO-Offload's time went since the last take (sharding.offload = cpu on a GPU): the CPU
+// worker's jobs (one optimizer step each), the part of them spent waiting for gradient copies to
+// land, and the time the training thread stood still waiting for the worker (the next forward's
+// units, or the previous update at step()) and the GPU stood waiting for uploads. Both waits near
+// zero: the CPU step is hidden.
+struct OffloadTimes {
+  int64_t jobs = 0;         // CPU steps finished (0: no offload, or none this interval)
+  double jobS = 0.0;        // the worker's wall time in them
+  double copyWaitS = 0.0;   // of which waiting for gradient shards to reach the host
+  double trainWaitS = 0.0;  // the training thread blocked on the worker
+  double gpuWaitS = 0.0;    // the compute stream stalled on parameter uploads (its all-gathers' waits)
+};
 
 class ShardedEngine final : public ModelHooks {
  public:
@@ -135,6 +151,8 @@ class ShardedEngine final : public ModelHooks {
   // its inter-node phase), for run.trace; and when backward's compute ended.
   const std::vector<BucketTrace>& lastTrace() const { return trace_; }
   int64_t backwardEndUs() const { return backwardEndUs_; }
+  // Offload's timings since the last call (zeros without offload), then reset.
+  OffloadTimes takeOffloadTimes();
 
  private:
   // ZeRO-Offload on a GPU (sharding/ShardedOffload.cpp): gradient shards copied down as their
@@ -161,6 +179,7 @@ class ShardedEngine final : public ModelHooks {
   void settle();           // the worker idle (its error rethrown here)
   void settleHostGrads();  // settle() and this iteration's gradients on the host
   void awaitParams(int u);
+  void foldStall(size_t u);  // a completed upload stall of unit u into the interval's GPU wait
   double clipOffloaded(float maxNorm);
   // The host gradients handed out (optimizer()) may change (the loss scaler unscales them): the
   // norms summed on the GPU before their copies no longer hold, clipOffloaded sums the host's.

@@ -24,12 +24,14 @@
 // norm is the host copies' (core/optim), still applied by the step.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <thread>
 
 #include "core/Convert.h"
 #include "core/Log.h"
 #include "core/Threads.h"
+#include "core/Timer.h"
 #include "core/optim/GradClip.h"
 #include "sharding/OffloadQueue.h"
 #include "sharding/ShardedEngine.h"
@@ -60,6 +62,15 @@ struct ShardedEngine::Offload {
   Tensor unitSq;                // device f64 per unit: sum of squares of its final gradient shard
   std::vector<char> sqOnDevice;  // unitSq holds this iteration's final gradient, per unit
   float gradScale = 1.f;         // clipOffloaded's factor for the next job
+  // takeOffloadTimes(): written by the worker (atomics), and by the training thread (trainWaitUs).
+  std::atomic<int64_t> jobsDone{0}, jobUs{0}, copyWaitUs{0};
+  int64_t trainWaitUs = 0;
+  // The compute stream's stall on each unit's upload: timing events around its wait, read once
+  // they completed (at the interval's report or the unit's next wait; a pair still running then
+  // is dropped, which the clip's sync before step() makes rare).
+  std::vector<CudaEvent> stallStart, stallEnd;
+  std::vector<char> stallPending;
+  double gpuWaitMs = 0.0;
 
   // The worker and its one job at a time.
   OffloadQueue jobs;
@@ -87,6 +98,11 @@ void ShardedEngine::startOffload() {
   o.gradIssued.assign(n, 0);
   o.paramsSent.assign(n, 0);
   o.sqOnDevice.assign(n, 0);
+  for (size_t ui = 0; ui < n; ++ui) {
+    o.stallStart.emplace_back(true);
+    o.stallEnd.emplace_back(true);
+  }
+  o.stallPending.assign(n, 0);
   o.unitSq = Tensor::zeros({static_cast<int64_t>(std::max<size_t>(n, 1))}, DType::kF64, device_);
   Allocator& pinned = CudaRuntime::require().pinned();
   for (const auto& u : units_) {
@@ -150,11 +166,15 @@ void ShardedEngine::offloadWorker() {
   OffloadJob job;
   while (o.jobs.take(&job)) {
     std::exception_ptr error;
+    const int64_t start = wallMicros();
+    int64_t copyWait = 0;
     try {
       CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), o.gathersDone.get(), 0));
       optimizer_->beginStep();
       for (size_t ui = 0; ui < units_.size(); ++ui) {
+        const int64_t t0 = wallMicros();
         o.gradDown[ui].synchronize();
+        copyWait += wallMicros() - t0;
         // The unit's last upload has read the master shard (with DPU it was enqueued just before).
         if (o.paramsSent[ui]) o.paramsUp[ui].synchronize();
         const auto [first, last] = o.unitSegments[ui];
@@ -167,6 +187,10 @@ void ShardedEngine::offloadWorker() {
     } catch (...) {
       error = std::current_exception();
     }
+    // Before finish(): a settle() that returns sees this job's times.
+    o.jobUs.fetch_add(wallMicros() - start, std::memory_order_relaxed);
+    o.copyWaitUs.fetch_add(copyWait, std::memory_order_relaxed);
+    o.jobsDone.fetch_add(1, std::memory_order_release);
     o.jobs.finish(error);
   }
 }
@@ -178,9 +202,23 @@ void ShardedEngine::settle() {
 void ShardedEngine::awaitParams(int ui) {
   if (!off_) return;
   Offload& o = *off_;
+  const int64_t t0 = wallMicros();
   o.jobs.awaitUnit(static_cast<size_t>(ui));
-  if (o.paramsSent[static_cast<size_t>(ui)])
-    CUDA_CHECK(cudaStreamWaitEvent(currentStream(), o.paramsUp[static_cast<size_t>(ui)].get(), 0));
+  o.trainWaitUs += wallMicros() - t0;
+  const size_t u = static_cast<size_t>(ui);
+  if (!o.paramsSent[u]) return;
+  foldStall(u);
+  o.stallStart[u].record(currentStream());
+  CUDA_CHECK(cudaStreamWaitEvent(currentStream(), o.paramsUp[u].get(), 0));
+  o.stallEnd[u].record(currentStream());
+  o.stallPending[u] = 1;
+}
+
+void ShardedEngine::foldStall(size_t u) {
+  Offload& o = *off_;
+  if (!o.stallPending[u] || !o.stallEnd[u].query()) return;  // not recorded, or (rarely) still running: dropped
+  o.gpuWaitMs += static_cast<double>(o.stallEnd[u].elapsedMs(o.stallStart[u]));
+  o.stallPending[u] = 0;
 }
 
 Tensor& ShardedEngine::gradTarget(int ui) {
@@ -201,8 +239,10 @@ ShardUnit::GradSink ShardedEngine::gradSink(int ui) {
                                  o.copy.get()));
       o.gradDown[u].record(o.copy.get());
       o.gradIssued[u] = 1;
-      cuda::sumOfSquaresInto(shard, o.unitSq.data<double>() + u);  // the clip's norm, on the GPU
-      o.sqOnDevice[u] = 1;
+      if (opt_.deviceNorms) {
+        cuda::sumOfSquaresInto(shard, o.unitSq.data<double>() + u);  // the clip's norm, on the GPU
+        o.sqOnDevice[u] = 1;
+      }
     } else {
       o.sqOnDevice[u] = 0;  // the host adds this micro-step: the norm is the host copy's
       // A later micro-step: down into a pinned stage, then added on the host (the copy stream is
@@ -266,7 +306,9 @@ void ShardedEngine::forgetDeviceNorms() {
 
 void ShardedEngine::stepOffloaded(float lr) {
   Offload& o = *off_;
+  const int64_t t0 = wallMicros();
   settle();  // the previous update is done (with DPU: it ran during this iteration)
+  o.trainWaitUs += wallMicros() - t0;
   o.gathersDone.record(currentStream());
   if (opt_.delayedUpdate) {
     CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), o.gathersDone.get(), 0));
@@ -284,6 +326,21 @@ void ShardedEngine::stepOffloaded(float lr) {
   std::fill(o.gradIssued.begin(), o.gradIssued.end(), 0);
   std::fill(o.sqOnDevice.begin(), o.sqOnDevice.end(), 0);
   if (opt_.delayedUpdate) o.target ^= 1;  // the next iteration's copies go to the other buffer
+}
+
+OffloadTimes ShardedEngine::takeOffloadTimes() {
+  OffloadTimes t;
+  if (!off_) return t;
+  Offload& o = *off_;
+  t.jobs = o.jobsDone.exchange(0, std::memory_order_acquire);
+  t.jobS = 1e-6 * static_cast<double>(o.jobUs.exchange(0, std::memory_order_relaxed));
+  t.copyWaitS = 1e-6 * static_cast<double>(o.copyWaitUs.exchange(0, std::memory_order_relaxed));
+  t.trainWaitS = 1e-6 * static_cast<double>(o.trainWaitUs);
+  o.trainWaitUs = 0;
+  for (size_t u = 0; u < units_.size(); ++u) foldStall(u);
+  t.gpuWaitS = 1e-3 * o.gpuWaitMs;
+  o.gpuWaitMs = 0.0;
+  return t;
 }
 
 void ShardedEngine::uploadAllParams() {
@@ -313,6 +370,9 @@ double ShardedEngine::clipOffloaded(float) {
 }
 void ShardedEngine::stepOffloaded(float) {}
 void ShardedEngine::uploadAllParams() {}
+OffloadTimes ShardedEngine::takeOffloadTimes() {
+  return {};
+}
 
 #endif
 

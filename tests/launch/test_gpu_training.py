@@ -137,6 +137,17 @@ class GpuTraining(unittest.TestCase):
         mem = [r for r in recs if r["type"] == "memory"][0]
         # Master shards, host gradients and the optimizer state are in host memory.
         self.assertGreaterEqual(mem["host_bytes"][0], mem["optimizer_bytes"][0] + mem["param_bytes"][0] // 2)
+        # Where the offload's time went, in the step records of intervals in which a CPU step
+        # finished (with one step an interval: all after the first, but for a job whose last
+        # microseconds cross the report): the CPU step took time, its waits are parts of it or of
+        # the step.
+        steps = [r for r in recs if r["type"] == "step" and "offload_cpu_s" in r]
+        self.assertGreaterEqual(len(steps), 45)
+        for r in steps:
+            self.assertGreater(r["offload_cpu_s"], 0.0)
+            self.assertTrue(0.0 <= r["offload_copy_wait_s"] <= r["offload_cpu_s"])
+            self.assertTrue(0.0 <= r["offload_train_wait_s"] <= r["step_time_s"])
+            self.assertTrue(0.0 <= r["offload_gpu_wait_s"] <= r["step_time_s"])
 
     def test_delayed_update_trains(self):
         # DeepSpeed's delayed parameter update: step i's CPU update runs during step i+1, which uses
