@@ -30,10 +30,6 @@ std::string stepName(int64_t step) {
   return buf;
 }
 
-Tensor hostCopy(const Tensor& t) {
-  return t.device().isCpu() ? t : t.to(Device::cpu());
-}
-
 std::string bulleted(const std::vector<std::string>& lines) {
   std::string s;
   for (size_t i = 0; i < lines.size() && i < kMaxListed; ++i)
@@ -144,21 +140,19 @@ RankFileContent CheckpointManager::contentOf(Parallelism& par, int64_t modelNume
   c.offsets = Tensor::empty({n}, DType::kI64);
   c.lengths = Tensor::empty({n}, DType::kI64);
   c.value = Tensor::empty({total}, DType::kF32);
-  std::vector<Tensor> stateHost;
-  for (auto& kv : opt.state()) {
-    c.state.emplace_back(kv.first, Tensor::empty({total}, DType::kF32));
-    stateHost.push_back(hostCopy(kv.second));
-  }
+  // The state segment by segment: a split optimizer's parts live on different devices.
+  for (const auto& name : opt.stateNames())
+    c.state.emplace_back(name, Tensor::empty({total}, DType::kF32));
   int64_t cursor = 0;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const Piece& p = pieces[k];
     c.offsets.data<int64_t>()[k] = p.global;
     c.lengths.data<int64_t>()[k] = p.length;
     c.value.flatSlice(cursor, p.length).copyFrom(segs[p.segment].value.flatSlice(p.within, p.length));
-    for (size_t s = 0; s < stateHost.size(); ++s)
+    for (size_t s = 0; s < c.state.size(); ++s)
       c.state[s]
           .second.flatSlice(cursor, p.length)
-          .copyFrom(stateHost[s].flatSlice(opt.stateOffset(p.segment) + p.within, p.length));
+          .copyFrom(opt.stateSlice(s, p.segment).flatSlice(p.within, p.length));
     cursor += p.length;
   }
   if (BucketReducer* reducer = par.reducer()) c.compression = reducer->checkpointState();
@@ -182,8 +176,7 @@ CheckpointMeta CheckpointManager::metaOf(const TrainState& st, Parallelism& par,
   m.worldSize = W;
   m.numel = table.numel();
   m.time = wallMicros() / 1e6;
-  for (auto& kv : par.optimizer().state())
-    m.stateNames.push_back(kv.first);
+  m.stateNames = par.optimizer().stateNames();
   for (size_t i = 0; i < table.size(); ++i)
     m.params.push_back({table[i].name, table[i].shape, table[i].offset});
   if (compressorState) m.compression = par.reducer()->name();
@@ -373,9 +366,7 @@ void CheckpointManager::checkCompatible(const std::string& path, const Checkpoin
     throw CheckpointError("checkpoint " + path + " holds another model than this run's:" + bulleted(diffs) +
                           "\nresume it with the model settings it was trained with, or start afresh with "
                           "--checkpoint.resume=never or another --run.name");
-  std::vector<std::string> names;
-  for (auto& kv : opt.state())
-    names.push_back(kv.first);
+  const std::vector<std::string> names = opt.stateNames();
   if (names != meta.stateNames) {
     auto join = [](const std::vector<std::string>& v) {
       std::string s;
@@ -427,14 +418,13 @@ void CheckpointManager::readState(const std::string& path, const CheckpointMeta&
     for (const auto& n : meta.stateNames)
       s.state.push_back(std::make_unique<RowReader>(s.file, s.file.describe("/state/" + n)));
   }
-  auto states = opt.state();
-  std::vector<Tensor> stateHost;
-  for (auto& kv : states)
-    stateHost.push_back(hostCopy(kv.second));
   const auto& segs = opt.segments();
   for (size_t i = 0; i < segs.size(); ++i) {
     const int64_t g0 = segs[i].globalOffset, n = segs[i].value.numel();
     Tensor v = Tensor::empty({n}, DType::kF32);
+    // The segment's state read on the host, then copied to wherever its optimizer keeps it.
+    std::vector<Tensor> stateHost;
+    for (size_t q = 0; q < meta.stateNames.size(); ++q) stateHost.push_back(Tensor::empty({n}, DType::kF32));
     int64_t filled = 0;
     for (auto& s : sources)
       for (size_t k = 0; k < s.index.offsets.size(); ++k) {
@@ -444,7 +434,7 @@ void CheckpointManager::readState(const std::string& path, const CheckpointMeta&
         const int64_t row = s.index.starts[k] + (a - s.index.offsets[k]);
         s.value->readRows(row, b - a, v.data<float>() + (a - g0));
         for (size_t q = 0; q < s.state.size(); ++q)
-          s.state[q]->readRows(row, b - a, stateHost[q].data<float>() + opt.stateOffset(i) + (a - g0));
+          s.state[q]->readRows(row, b - a, stateHost[q].data<float>() + (a - g0));
         filled += b - a;
       }
     if (filled != n)
@@ -453,9 +443,8 @@ void CheckpointManager::readState(const std::string& path, const CheckpointMeta&
                             " (pieces missing or overlapping)");
     Tensor dst = segs[i].value;  // a view of the parameter (or shard)
     dst.copyFrom(v);
+    for (size_t q = 0; q < stateHost.size(); ++q) opt.stateSlice(q, i).copyFrom(stateHost[q]);
   }
-  for (size_t q = 0; q < states.size(); ++q)
-    if (!stateHost[q].sharesStorageWith(states[q].second)) states[q].second.copyFrom(stateHost[q]);
 }
 
 void CheckpointManager::restoreCompression(const std::string& path, const CheckpointMeta& meta,

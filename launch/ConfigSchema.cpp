@@ -224,6 +224,10 @@ const std::vector<ConfigKey>& configSchema() {
       boolean("sharding.delayed_update", "false",
               "offload = cpu: the CPU step of one iteration runs during the next one's forward and backward, "
               "which use the parameters one step older (DeepSpeed's delayed parameter update)"),
+      real("sharding.offload_fraction", "1", within(0, 1, true, false),
+           "offload = cpu: the share of the parameters whose optimizer runs on the CPU — the last units; the "
+           "first ones keep master, gradient shard and optimizer state on the GPU and step there while the "
+           "CPU steps the rest (ZeRO-Offload++'s twin flow: less CPU time, more GPU memory)"),
       integer("sharding.prefetch_limit", "2", atLeast(1),
               "the unit computing plus all-gathers in flight (units kept gathered for backward do not count)"),
       choice("sharding.param_dtype", "auto",

@@ -71,10 +71,12 @@ struct ShardRows {
     return cuda && onDevice ? static_cast<int64_t>(roundAllocationSize(static_cast<size_t>(b))) : b;
   }
   int64_t shard(int64_t unit) const { return ShardUnit::shardElements(unit, static_cast<int>(S)); }
-  int64_t perUnit(int64_t perElement, bool onDevice) const {
+  // Units [from, to) (to < 0: the last).
+  int64_t perUnit(int64_t perElement, bool onDevice, size_t from = 0, int64_t to = -1) const {
+    const size_t end = to < 0 ? units.size() : static_cast<size_t>(to);
     int64_t sum = 0;
-    for (int64_t u : units)
-      sum += bytes(shard(u), perElement, onDevice);
+    for (size_t u = from; u < end; ++u)
+      sum += bytes(shard(units[u]), perElement, onDevice);
     return sum;
   }
 };
@@ -82,36 +84,51 @@ struct ShardRows {
 // The sharded engine's persistent shards and its per-unit transients. With offload the device keeps
 // the gather copy only: the master, the gradient shard's host copies (two with delayed_update) and
 // the optimizer state are host memory, and a few units' gradient shards are on the device while
-// they go down (ShardedEngine's kGradShardsInFlight).
+// they go down (ShardedEngine's kGradShardsInFlight). sharding.offload_fraction < 1 keeps the first
+// units as without offload (firstOffloadedUnit: the engine's own choice).
 void addShardedRows(const ShardRows& r, int64_t stateBytesPerParam, int64_t heldOpen,
                     std::vector<Row>& rows) {
   const ShardingOptions& o = r.s.sharding;
   const bool off = o.offloadCpu;
+  const size_t n = r.units.size();
+  const size_t k = off ? static_cast<size_t>(firstOffloadedUnit(r.units, o.offloadFraction)) : n;
+  const auto K = static_cast<int64_t>(k);
+  const std::string kept = k == 0 || k == n ? "" : " (units kept on the GPU)";
+  const std::string moved = k == 0 || k == n ? "" : " (offloaded units)";
   const int64_t reduceBytes = static_cast<int64_t>(dtypeSize(o.reduceDtype));
-  rows.push_back({"parameters (f32 master, shard)", r.perUnit(4, !off), !off});
+  if (k > 0) rows.push_back({"parameters (f32 master, shard)" + kept, r.perUnit(4, true, 0, K), true});
+  if (k < n) rows.push_back({"parameters (f32 master, shard)" + moved, r.perUnit(4, false, k), false});
+  // The kept units' f32 gather copy is their master.
   if (off || o.paramDtype != DType::kF32)
     rows.push_back({"parameter shard in " + std::string(dtypeName(o.paramDtype)) + " for all-gathers",
-                    r.perUnit(static_cast<int64_t>(dtypeSize(o.paramDtype)), true), true});
-  std::vector<int64_t> sorted = r.units;
-  std::sort(sorted.rbegin(), sorted.rend());
-  const int64_t largest = sorted.empty() ? 0 : sorted[0], second = sorted.size() > 1 ? sorted[1] : 0;
-  if (!off) {
-    rows.push_back({"gradients (shard)", r.perUnit(reduceBytes, true), true});
-  } else {
+                    r.perUnit(static_cast<int64_t>(dtypeSize(o.paramDtype)), true, o.paramDtype == DType::kF32 ? k : 0),
+                    true});
+  // The two largest of units [from, n).
+  auto largestTwo = [&r](size_t from) {
+    std::vector<int64_t> sorted(r.units.begin() + static_cast<std::ptrdiff_t>(from), r.units.end());
+    std::sort(sorted.rbegin(), sorted.rend());
+    return std::make_pair(sorted.empty() ? 0 : sorted[0], sorted.size() > 1 ? sorted[1] : int64_t{0});
+  };
+  const auto [largest, second] = largestTwo(0);
+  if (k > 0) rows.push_back({"gradients (shard)" + kept, r.perUnit(reduceBytes, true, 0, K), true});
+  if (k < n) {
     const DType hostGrad = r.cuda ? o.reduceDtype : DType::kF32;
     rows.push_back({"gradient shard on the host (" + std::string(dtypeName(hostGrad)) + ")" +
                         (o.delayedUpdate ? " x 2 (delayed update)" : ""),
-                    r.perUnit(static_cast<int64_t>(dtypeSize(hostGrad)), false) * (o.delayedUpdate ? 2 : 1),
+                    r.perUnit(static_cast<int64_t>(dtypeSize(hostGrad)), false, k) * (o.delayedUpdate ? 2 : 1),
                     false});
     if (r.cuda && o.paramDtype != DType::kF32)  // ShardedOffload's pinned stage of the packed upload
       rows.push_back({"parameter upload stage in " + std::string(dtypeName(o.paramDtype)) + " (pinned)",
-                      r.perUnit(static_cast<int64_t>(dtypeSize(o.paramDtype)), false), false});
+                      r.perUnit(static_cast<int64_t>(dtypeSize(o.paramDtype)), false, k), false});
+    const auto [down1, down2] = largestTwo(k);  // only offloaded units' shards go down
     rows.push_back(
         {"gradient shards going down (2 units)",
-         r.bytes(r.shard(largest), reduceBytes, true) + r.bytes(r.shard(second), reduceBytes, true), true});
+         r.bytes(r.shard(down1), reduceBytes, true) + r.bytes(r.shard(down2), reduceBytes, true), true});
   }
   // The optimizer's state is not allocated unit by unit: no size classes.
-  rows.push_back({"optimizer state (" + r.s.optim.type + ")", r.perUnit(stateBytesPerParam, false), !off});
+  const std::string state = "optimizer state (" + r.s.optim.type + ")";
+  if (k > 0) rows.push_back({state + kept, r.perUnit(stateBytesPerParam, false, 0, K), true});
+  if (k < n) rows.push_back({state + moved, r.perUnit(stateBytesPerParam, false, k), false});
   // Units gathered at once in f32: the one computing and up to prefetch_limit - 1 all-gathers in
   // flight (GPT also holds its embeddings open around the pass), and one unit's full gradient in
   // backward (with its reduce_dtype cast); shard_grad_op keeps every unit gathered to its backward.

@@ -204,6 +204,9 @@ Settings Settings::fromConfig(const Config& c) {
   s.sharding.deviceNorms = s.gradClip > 0.f;
   if (s.sharding.offloadCpu && s.sharding.strategy == ShardStrategy::kNoShard)
     c.fail("sharding.offload", "needs a sharded strategy (full_shard, shard_grad_op or hybrid_shard)");
+  s.sharding.offloadFraction = c.f64("sharding.offload_fraction");
+  if (s.sharding.offloadFraction != 1.0 && !s.sharding.offloadCpu)
+    c.fail("sharding.offload_fraction", "needs sharding.offload = cpu (it splits the offloaded optimizer)");
   s.sharding.delayedUpdate = c.flag("sharding.delayed_update");
   if (s.sharding.delayedUpdate && !s.sharding.offloadCpu)
     c.fail("sharding.delayed_update", "needs sharding.offload = cpu (it overlaps the CPU step)");

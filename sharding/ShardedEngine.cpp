@@ -1,6 +1,7 @@
 #include "sharding/ShardedEngine.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/Convert.h"
 #include "core/Log.h"
@@ -61,33 +62,73 @@ ShardedEngine::ShardedEngine(ParamTable& params, Communicator& shardComm, Commun
              "sharding.param_dtype must be f32 or bf16");
   MT_REQUIRE(opt_.reduceDtype == DType::kF32 || opt_.reduceDtype == DType::kBF16, ConfigError,
              "sharding.reduce_dtype must be f32 or bf16");
+  MT_REQUIRE(opt_.offloadFraction > 0.0 && opt_.offloadFraction <= 1.0, ConfigError,
+             "sharding.offload_fraction must be in (0, 1]");
   device_ = table_.device();
   const int W = shardComm_.size(), r = shardComm_.rank();
-  Allocator& optAlloc = opt_.offloadCpu ? hostAllocatorFor(device_) : allocatorFor(device_);
   // On a GPU the gradient shard comes down as it is (the CPU step reads bf16 gradients); else in f32.
   const DType hostGrad = device_.isCuda() ? opt_.reduceDtype : DType::kF32;
+  std::vector<int64_t> unitNumel;
+  for (int u = 0; u < table_.numUnits(); ++u) {
+    int64_t n = 0;
+    for (const Param* p : table_.unitParams(u)) n += alignParam(p->numel());  // as `trainer plan` counts
+    unitNumel.push_back(n);
+  }
+  firstOffloaded_ = opt_.offloadCpu ? firstOffloadedUnit(unitNumel, opt_.offloadFraction) : table_.numUnits();
   units_.reserve(static_cast<size_t>(table_.numUnits()));
-  for (int u = 0; u < table_.numUnits(); ++u)
-    units_.emplace_back(u, table_.unitParams(u), W, r, device_, optAlloc, opt_.paramDtype, opt_.reduceDtype,
-                        opt_.offloadCpu, hostGrad);
+  for (int u = 0; u < table_.numUnits(); ++u) {
+    const bool offload = u >= firstOffloaded_;
+    units_.emplace_back(u, table_.unitParams(u), W, r, device_,
+                        offload ? hostAllocatorFor(device_) : allocatorFor(device_), opt_.paramDtype,
+                        opt_.reduceDtype, offload, hostGrad);
+  }
   refreshGatherCopies();
   // The staged values go before the optimizer's state comes: with offload both are host memory,
   // and at 6.7B parameters (27 GB of values, 53 GB of AdamW state) the two would not fit together.
   table_.releaseStorage();
   // Optimizer segments over the gradient shard itself (f32 or bf16; its host copy with offload).
-  std::vector<Tensor> grads;
-  for (const auto& unit : units_)
-    grads.push_back(opt_.offloadCpu ? unit.gradShardHost() : unit.gradShard());
-  optimizer_ = makeOptimizer(optim, shardSegments(grads));
+  // Partial offload: the kept units' segments on the GPU, then the rest on the host — a
+  // SplitOptimizer with one part per device (one part on a CPU run).
+  std::vector<Tensor> hostGrads;
+  for (const auto& unit : units_) hostGrads.push_back(unit.gradShardHost());
+  std::vector<std::pair<size_t, size_t>> ranges;
+  optimizer_ = makeOptimizer(optim, shardSegments(hostGrads, &ranges));
+  keptSegments_ = firstOffloaded_ > 0 ? ranges[static_cast<size_t>(firstOffloaded_) - 1].second : 0;
   if (opt_.offloadCpu && device_.isCuda()) startOffload();
   measureMemory();
 }
 
-std::vector<OptimSegment> ShardedEngine::shardSegments(const std::vector<Tensor>& grads,
+int firstOffloadedUnit(const std::vector<int64_t>& unitNumel, double fraction) {
+  const int n = static_cast<int>(unitNumel.size());
+  if (n == 0) return 0;
+  int64_t total = 0;
+  for (int64_t x : unitNumel) total += x;
+  const double want = fraction * static_cast<double>(total);
+  int best = n - 1;
+  double bestDiff = 1e300;
+  int64_t tail = 0;  // elements of units k..n-1
+  for (int k = n - 1; k >= 0; --k) {
+    tail += unitNumel[static_cast<size_t>(k)];
+    const double diff = std::abs(static_cast<double>(tail) - want);
+    if (diff <= bestDiff) {  // ties: the smaller k (more offloaded)
+      best = k;
+      bestDiff = diff;
+    }
+  }
+  return best;
+}
+
+std::vector<OptimSegment> ShardedEngine::keptSegments() const {
+  const auto& all = optimizer_->segments();
+  return std::vector<OptimSegment>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(keptSegments_));
+}
+
+std::vector<OptimSegment> ShardedEngine::shardSegments(const std::vector<Tensor>& hostGrads,
                                                        std::vector<std::pair<size_t, size_t>>* ranges) const {
   std::vector<OptimSegment> segments;
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     const ShardUnit& unit = units_[ui];
+    const Tensor& grad = unit.offload() ? hostGrads[ui] : unit.gradShard();
     const int64_t lo = static_cast<int64_t>(shardComm_.rank()) * unit.shard();
     const size_t first = segments.size();
     const Tensor master = unit.master();
@@ -95,7 +136,7 @@ std::vector<OptimSegment> ShardedEngine::shardSegments(const std::vector<Tensor>
       const int64_t a = std::max(lo, m.unitOffset),
                     b = std::min(lo + unit.shard(), m.unitOffset + m.param->numel());
       if (a >= b) continue;
-      segments.push_back({master.flatSlice(a - lo, b - a), grads[ui].flatSlice(a - lo, b - a), m.param->decay,
+      segments.push_back({master.flatSlice(a - lo, b - a), grad.flatSlice(a - lo, b - a), m.param->decay,
                           m.param->offset + (a - m.unitOffset)});
     }
     if (ranges) ranges->emplace_back(first, segments.size());
@@ -121,12 +162,9 @@ Optimizer& ShardedEngine::optimizer() {
 }
 
 void ShardedEngine::refreshGatherCopies() {
-  if (off_) {
-    uploadAllParams();
-    return;
-  }
+  if (off_) uploadAllParams();  // the offloaded units'
   for (auto& u : units_)
-    u.refreshGatherCopy();
+    if (!off_ || !u.offload()) u.refreshGatherCopy();
 }
 
 int ShardedEngine::gathersInFlight() const {
@@ -211,8 +249,9 @@ void ShardedEngine::afterUnitBackward(int u) {
   // with accumulation it follows the last micro-step's accumulate, in finishBackward.
   // Offload chains it on every micro-step: the device shard goes down (and is summed on the host)
   // at once, and averaging is linear.
-  units_[static_cast<size_t>(u)].startReduce(shardComm_, opt_.reduceDtype, microStep_ > 0,
-                                             microSteps_ == 1 || opt_.offloadCpu ? replicaComm_ : nullptr);
+  ShardUnit& unit = units_[static_cast<size_t>(u)];
+  unit.startReduce(shardComm_, opt_.reduceDtype, microStep_ > 0,
+                   microSteps_ == 1 || unit.offload() ? replicaComm_ : nullptr);
   landGrads(false);  // offload: shards whose reduction finished start down now
 }
 
@@ -221,7 +260,7 @@ void ShardedEngine::landGrads(bool all) {
   // Backward runs the units last to first: the highest index reducing started first.
   std::vector<size_t> reducing;
   for (size_t ui = units_.size(); ui-- > 0;)
-    if (units_[ui].state() == UnitState::kReducing) reducing.push_back(ui);
+    if (units_[ui].offload() && units_[ui].state() == UnitState::kReducing) reducing.push_back(ui);
   const size_t mustLand = all                                     ? reducing.size()
                           : reducing.size() > kGradShardsInFlight ? reducing.size() - kGradShardsInFlight
                                                                   : 0;
@@ -312,11 +351,20 @@ MemoryAccount ShardedEngine::measureMemory() {
     // With offload the device gradient shard is transient (kReducing .. kReduced): not counted here.
     if (!u.offload()) m.gradBytes += static_cast<int64_t>(u.gradShard().nbytes());
     m.gradBytes += hostGrad;
-    if (opt_.offloadCpu && device_.isCuda()) hostBytes += master + hostGrad;
+    if (u.offload() && device_.isCuda()) hostBytes += master + hostGrad;
   }
   m.optimizerBytes = optimizer_->stateBytes();
-  // The GPU keeps only the gather copies with offload.
-  m.hostBytes = opt_.offloadCpu && device_.isCuda() ? hostBytes + m.optimizerBytes : 0;
+  // The GPU keeps only the gather copies of offloaded units; the optimizer's state is per element,
+  // so the offloaded segments' share of it is host memory.
+  int64_t stateNumel = 0, hostStateNumel = 0;
+  const auto& segs = optimizer_->segments();
+  for (size_t i = 0; i < segs.size(); ++i) {
+    stateNumel += segs[i].value.numel();
+    if (i >= keptSegments_) hostStateNumel += segs[i].value.numel();
+  }
+  const int64_t hostState =
+      stateNumel > 0 ? static_cast<int64_t>(static_cast<double>(m.optimizerBytes) * hostStateNumel / stateNumel) : 0;
+  m.hostBytes = opt_.offloadCpu && device_.isCuda() ? hostBytes + hostState : 0;
   m.devicePeakBytes = allocatorFor(device_).stats().peakAllocatedBytes;
   return m;
 }

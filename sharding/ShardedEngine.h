@@ -61,6 +61,10 @@ struct ShardingOptions {
   ShardStrategy strategy = ShardStrategy::kFullShard;
   bool offloadCpu = false;
   bool delayedUpdate = false;       // offload: step i's CPU update overlaps step i+1 (one step stale)
+  // offload: the share of the parameters whose master, gradient shard and optimizer state go to the
+  // host — the last units in forward order; the first ones stay on the GPU and step there
+  // (ZeRO-Offload++'s twin flow), so the next forward runs them while the CPU steps the rest.
+  double offloadFraction = 1.0;
   int prefetchLimit = 2;            // the unit computing + all-gathers in flight
   DType paramDtype = DType::kF32;   // all-gathered parameters (f32 or bf16)
   DType reduceDtype = DType::kF32;  // reduce-scattered gradients (f32 or bf16)
@@ -79,6 +83,11 @@ struct MemoryAccount {
   int64_t hostBytes = 0;  // of the persistent bytes, those in host memory (offload: master, grads, state)
   int64_t persistent() const { return paramBytes + gradBytes + optimizerBytes; }
 };
+
+// Partial offload: the first unit whose optimizer runs on the host, for units of `unitNumel`
+// elements — the k whose units k..n-1 hold the share nearest `fraction` of all elements (1: 0,
+// every unit; the last unit always). Shared by the engine and `trainer plan`.
+int firstOffloadedUnit(const std::vector<int64_t>& unitNumel, double fraction);
 
 enum class EnginePhase { kIdle, kForward, kBackward };
 const EnumTable<EnginePhase>& enginePhases();
@@ -134,6 +143,7 @@ class ShardedEngine final : public ModelHooks {
 
   // Introspection (tests, failure reports).
   EnginePhase phase() const { return phase_; }
+  int firstOffloaded() const { return firstOffloaded_; }  // units.size() without offload
   UnitState unitState(int unit) const { return units_[static_cast<size_t>(unit)].state(); }
   int gathersInFlight() const;
 
@@ -187,9 +197,12 @@ class ShardedEngine final : public ModelHooks {
   void stepOffloaded(float lr);
 
   // Every parameter's piece inside this rank's shard of each unit, in unit order: values over the
-  // master shard, gradients over grads[unit]; ranges (when given) gets each unit's [first, last).
-  std::vector<OptimSegment> shardSegments(const std::vector<Tensor>& grads,
+  // master shard, gradients over the unit's gradient shard (an offloaded unit's: hostGrads[unit]);
+  // ranges (when given) gets each unit's [first, last).
+  std::vector<OptimSegment> shardSegments(const std::vector<Tensor>& hostGrads,
                                           std::vector<std::pair<size_t, size_t>>* ranges = nullptr) const;
+  // Partial offload: the optimizer's segments of the units kept on the GPU ([0, keptSegments_)).
+  std::vector<OptimSegment> keptSegments() const;
   // Phase edges: `to` from the phases allowed to precede it (else InternalError naming `event`).
   void enterPhase(EnginePhase to, const char* event, std::initializer_list<EnginePhase> from);
   void gather(int u);     // offload: after the unit's update is on its way up
@@ -205,6 +218,8 @@ class ShardedEngine final : public ModelHooks {
   ShardingOptions opt_;
   Device device_;
   std::vector<ShardUnit> units_;
+  int firstOffloaded_ = 0;    // units [firstOffloaded_, n) are offloaded (n: none)
+  size_t keptSegments_ = 0;   // their segments follow the kept units' ones in the optimizer
   std::unique_ptr<Optimizer> optimizer_;
   MemoryAccount memory_;
   EnginePhase phase_ = EnginePhase::kIdle;

@@ -106,7 +106,12 @@ void ShardedEngine::startOffload() {
   o.unitSq = Tensor::zeros({static_cast<int64_t>(std::max<size_t>(n, 1))}, DType::kF64, device_);
   Allocator& pinned = CudaRuntime::require().pinned();
   for (const auto& u : units_) {
-    o.gradHost[0].push_back(u.gradShardHost());
+    o.gradHost[0].push_back(u.gradShardHost());  // undefined for a unit kept on the GPU
+    if (!u.offload()) {
+      if (opt_.delayedUpdate) o.gradHost[1].emplace_back();
+      o.paramHost.emplace_back();
+      continue;
+    }
     if (opt_.delayedUpdate) {
       Tensor t = Tensor::empty({u.shard()}, u.gradShardHost().dtype(), pinned);
       t.zero_();
@@ -170,8 +175,8 @@ void ShardedEngine::offloadWorker() {
     int64_t copyWait = 0;
     try {
       CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), o.gathersDone.get(), 0));
-      optimizer_->beginStep();
-      for (size_t ui = 0; ui < units_.size(); ++ui) {
+      // The step was counted by stepOffloaded (the kept units stepped on the GPU already).
+      for (size_t ui = static_cast<size_t>(firstOffloaded_); ui < units_.size(); ++ui) {
         const int64_t t0 = wallMicros();
         o.gradDown[ui].synchronize();
         copyWait += wallMicros() - t0;
@@ -200,7 +205,7 @@ void ShardedEngine::settle() {
 }
 
 void ShardedEngine::awaitParams(int ui) {
-  if (!off_) return;
+  if (!off_ || ui < firstOffloaded_) return;  // a kept unit's update is on the compute stream
   Offload& o = *off_;
   const int64_t t0 = wallMicros();
   o.jobs.awaitUnit(static_cast<size_t>(ui));
@@ -283,12 +288,17 @@ void ShardedEngine::bindHostGrads(int buffer) {
 double ShardedEngine::clipOffloaded(float maxNorm) {
   Offload& o = *off_;
   double sq = 0.0;
-  if (std::all_of(o.sqOnDevice.begin(), o.sqOnDevice.end(), [](char c) { return c != 0; })) {
+  const auto first = o.sqOnDevice.begin() + firstOffloaded_;
+  const std::vector<OptimSegment> kept = keptSegments();
+  if (std::all_of(first, o.sqOnDevice.end(), [](char c) { return c != 0; })) {
+    // The kept units' gradient shards are on the device: summed there (partial offload).
+    if (!kept.empty()) sq += sumOfSquares(kept);
     std::vector<double> perUnit(units_.size());
     CUDA_CHECK(cudaMemcpyAsync(perUnit.data(), o.unitSq.rawData(), perUnit.size() * sizeof(double),
                                cudaMemcpyDeviceToHost, currentStream()));
     CUDA_CHECK(cudaStreamSynchronize(currentStream()));
-    for (double x : perUnit) sq += x;  // unit order: the same sum on every run
+    for (size_t u = static_cast<size_t>(firstOffloaded_); u < perUnit.size(); ++u)
+      sq += perUnit[u];  // unit order: the same sum on every run
   } else {
     settleHostGrads();  // accumulated on the host: the norm is the host copies'
     sq = sumOfSquares(optimizer_->segments());
@@ -297,6 +307,8 @@ double ShardedEngine::clipOffloaded(float maxNorm) {
   sq = shardComm_.allReduceScalar(sq, ReduceOp::kSum);
   const double norm = std::sqrt(sq);
   o.gradScale = clipFactor(norm, maxNorm);  // applied by the CPU step (stepOffloaded), not in place
+  // The device optimizer takes no scale: the kept units' gradients are scaled where they are.
+  if (o.gradScale != 1.f && !kept.empty()) scaleGrads(kept, o.gradScale);
   return norm;
 }
 
@@ -313,10 +325,17 @@ void ShardedEngine::stepOffloaded(float lr) {
   if (opt_.delayedUpdate) {
     CUDA_CHECK(cudaStreamWaitEvent(o.copy.get(), o.gathersDone.get(), 0));
     if (optimizer_->stepCount() > 0)
-      for (size_t ui = 0; ui < units_.size(); ++ui)
+      for (size_t ui = static_cast<size_t>(firstOffloaded_); ui < units_.size(); ++ui)
         sendParams(static_cast<int>(ui));  // packed by the worker after its update
   }
   bindHostGrads(o.target);
+  // The step is counted here, with the worker idle; the units kept on the GPU step now, on the
+  // compute stream, ahead of the next forward that reads them (never delayed: it is milliseconds).
+  optimizer_->beginStep();
+  if (keptSegments_ > 0) {
+    optimizer_->stepSegments(lr, 0, keptSegments_);
+    for (int u = 0; u < firstOffloaded_; ++u) units_[static_cast<size_t>(u)].refreshGatherCopy();
+  }
   OffloadJob job;
   job.lr = lr;
   job.upload = !opt_.delayedUpdate;
@@ -345,7 +364,7 @@ OffloadTimes ShardedEngine::takeOffloadTimes() {
 
 void ShardedEngine::uploadAllParams() {
   settle();
-  for (size_t ui = 0; ui < units_.size(); ++ui)
+  for (size_t ui = static_cast<size_t>(firstOffloaded_); ui < units_.size(); ++ui)
     uploadParams(static_cast<int>(ui));
   off_->copy.synchronize();
 }

@@ -5,6 +5,7 @@
 #include "core/Convert.h"
 #include "core/ParamTable.h"
 #include "core/Parallel.h"
+#include "core/optim/SplitOptimizer.h"
 
 #ifdef MT_WITH_CUDA
 #include "core/cuda/CudaOptim.h"
@@ -52,6 +53,18 @@ int64_t Optimizer::stateBytes() {
   int64_t b = 0;
   for (auto& kv : state()) b += static_cast<int64_t>(kv.second.nbytes());
   return b;
+}
+
+std::vector<std::string> Optimizer::stateNames() {
+  std::vector<std::string> names;
+  for (auto& kv : state()) names.push_back(kv.first);
+  return names;
+}
+
+Tensor Optimizer::stateSlice(size_t kind, size_t segment) {
+  auto kinds = state();
+  MT_CHECK(kind < kinds.size() && segment < segments_.size(), "optimizer state ", kind, " of segment ", segment);
+  return kinds[kind].second.flatSlice(stateOffsets_[segment], segments_[segment].value.numel());
 }
 
 namespace {
@@ -188,6 +201,14 @@ class Sgd final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimSegment> segments) {
+  std::vector<size_t> cuts;  // where a segment's device differs from the one before it
+  for (size_t i = 1; i < segments.size(); ++i)
+    if (segments[i].value.device() != segments[i - 1].value.device()) cuts.push_back(i);
+  if (!cuts.empty()) return std::make_unique<SplitOptimizer>(cfg, std::move(segments), cuts);
+  return makeSingleOptimizer(cfg, std::move(segments));
+}
+
+std::unique_ptr<Optimizer> makeSingleOptimizer(const OptimConfig& cfg, std::vector<OptimSegment> segments) {
   if (cfg.type == "adamw") return std::make_unique<AdamW>(cfg, std::move(segments));
   if (cfg.type == "sgd") return std::make_unique<Sgd>(cfg, std::move(segments));
   throw ConfigError("optim.type: unknown optimizer '" + cfg.type + "' (expected sgd or adamw)");

@@ -49,17 +49,21 @@ class Optimizer {
   // each segment exactly once per step, in any order and grouping.
   // gradScale multiplies every gradient as the step reads it (a clip factor applied in the update's
   // own pass; the host only: the device path scales in place, clipGradNormOnDevice).
-  void beginStep() { ++steps_; }
+  virtual void beginStep() { ++steps_; }
   void stepSegments(float lr, size_t first, size_t last, float gradScale = 1.f) {
     updateSegments(lr, first, last, gradScale);
   }
-  // Named flat state buffers (checkpointing, resharding); same order on every rank.
+  // Named flat state buffers, same order on every rank (a SplitOptimizer's: host copies).
   virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
+  // What checkpoints read and write: the state's names, and the view of kind k's state for
+  // segment i (on the device that state lives on).
+  virtual std::vector<std::string> stateNames();
+  virtual Tensor stateSlice(size_t kind, size_t segment);
   int64_t stepCount() const { return steps_; }
-  void setStepCount(int64_t s) { steps_ = s; }
-  int64_t stateBytes();
+  virtual void setStepCount(int64_t s) { steps_ = s; }
+  virtual int64_t stateBytes();
   // New views for the same segments (sizes unchanged; state kept), after a gradient re-layout.
-  void rebind(std::vector<OptimSegment> segs);
+  virtual void rebind(std::vector<OptimSegment> segs);
   const std::vector<OptimSegment>& segments() const { return segments_; }
   // Offset of segment i in each flat state buffer.
   int64_t stateOffset(size_t i) const { return stateOffsets_.at(i); }
@@ -73,7 +77,9 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
-// Throws ConfigError for an unknown type. State lives on the segments' device.
+// Throws ConfigError for an unknown type. State lives on the segments' device; segments on more
+// than one device (sharding's partial offload: the first units on the GPU, the rest on the host)
+// get a SplitOptimizer (core/optim/SplitOptimizer.h), one optimizer per run of one device.
 std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimSegment> segments);
 
 // One segment per parameter of the table, in registration order.

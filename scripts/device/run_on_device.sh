@@ -57,7 +57,8 @@ case "$what" in
       $g.test_one_rank_nccl_matches_cpu $g.test_one_rank_nccl_hierarchical_rails \
       $g.test_two_rank_mpi_backend_on_one_gpu_matches_cpu \
       $g.test_gpu_local_matches_cpu $g.test_f16_loss_scaling_trains $g.test_f16_forced_overflow_is_reported $g.test_data_feeds_match_cpu \
-      $g.test_gpu_compression_trains $g.test_offload_pipeline_matches_cpu $g.test_delayed_update_trains \
+      $g.test_gpu_compression_trains $g.test_offload_pipeline_matches_cpu $g.test_partial_offload_matches_cpu_and_resumes \
+      $g.test_delayed_update_trains \
       $g.test_divergence_stops_with_exit_4 2>&1 | tee "$out/gpu_training.log" | tail -25
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     exit $status

@@ -5,6 +5,7 @@
 #include "core/optim/GradClip.h"
 #include "core/optim/LrSchedule.h"
 #include "core/optim/Optimizer.h"
+#include "core/optim/SplitOptimizer.h"
 #include "tests/common/TestUtil.h"
 
 namespace mt {
@@ -94,6 +95,67 @@ TEST(Optim, StepInPiecesEqualsOneStep) {
       for (int64_t k = 0; k < pa[i].numel(); ++k)
         EXPECT_EQ(pa[i].data<float>()[k], pb[i].data<float>()[k]) << type;
     EXPECT_THROW(pieces->stepSegments(0.01f, 3, 5), Error);  // past the last segment
+  }
+}
+
+// Partial offload's optimizer: parts over runs of segments (here all on the CPU; on a GPU the first
+// part's state is device memory) step bitwise as one optimizer, in pieces that straddle a cut;
+// the step count, the state views and a resumed step count reach every part.
+TEST(Optim, SplitOptimizerEqualsOneOptimizer) {
+  for (const char* type : {"adamw", "sgd"}) {
+    std::vector<Tensor> pa, pb, g;
+    std::vector<OptimSegment> sa, sb;
+    for (int i = 0; i < 5; ++i) {
+      std::vector<float> v(static_cast<size_t>(3 + 2 * i)), gv(v.size());
+      for (size_t k = 0; k < v.size(); ++k)
+        v[k] = 0.07f * static_cast<float>(k) - 0.2f * i, gv[k] = 0.03f * static_cast<float>(k * i) - 0.05f;
+      pa.push_back(test::fromVector(v, {static_cast<int64_t>(v.size())}));
+      pb.push_back(test::fromVector(v, {static_cast<int64_t>(v.size())}));
+      g.push_back(test::fromVector(gv, {static_cast<int64_t>(gv.size())}));
+      sa.push_back({pa.back(), g.back(), i != 1, 100 * i});
+      sb.push_back({pb.back(), g.back(), i != 1, 100 * i});
+    }
+    OptimConfig c;
+    c.type = type;
+    c.weightDecay = 0.1f;
+    auto whole = makeOptimizer(c, sa);
+    EXPECT_EQ(dynamic_cast<SplitOptimizer*>(whole.get()), nullptr) << "one device: one optimizer";
+    SplitOptimizer split(c, sb, {2, 3});
+    ASSERT_EQ(split.parts(), 3u);
+    EXPECT_EQ(split.partBegin(1), 2u);
+    EXPECT_EQ(split.partBegin(3), 5u);
+    for (int step = 0; step < 3; ++step) {
+      whole->beginStep();
+      whole->stepSegments(0.01f, 0, 5, 0.5f);  // a clip's factor, read as the step reads g
+      split.beginStep();
+      split.stepSegments(0.01f, 3, 5, 0.5f);  // the host part first, as offload's worker does
+      split.stepSegments(0.01f, 1, 3, 0.5f);  // straddles the cut at 2
+      split.stepSegments(0.01f, 0, 1, 0.5f);
+    }
+    EXPECT_EQ(split.stepCount(), 3);
+    for (size_t i = 0; i < pa.size(); ++i)
+      for (int64_t k = 0; k < pa[i].numel(); ++k) ASSERT_EQ(pa[i].data<float>()[k], pb[i].data<float>()[k]) << type;
+    ASSERT_EQ(split.stateNames(), whole->stateNames());
+    const auto state = split.state(), ref = whole->state();
+    for (size_t q = 0; q < ref.size(); ++q) {
+      for (int64_t k = 0; k < ref[q].second.numel(); ++k)
+        ASSERT_EQ(state[q].second.data<float>()[k], ref[q].second.data<float>()[k]) << type << " " << ref[q].first;
+      for (size_t i = 0; i < sa.size(); ++i) {
+        const Tensor a = split.stateSlice(q, i), b = whole->stateSlice(q, i);
+        ASSERT_EQ(a.numel(), b.numel());
+        for (int64_t k = 0; k < a.numel(); ++k) ASSERT_EQ(a.data<float>()[k], b.data<float>()[k]);
+      }
+    }
+    EXPECT_EQ(split.stateBytes(), whole->stateBytes());
+    // A resumed step count reaches the parts: the next step's bias correction is the same.
+    split.setStepCount(10);
+    whole->setStepCount(10);
+    whole->step(0.01f);
+    split.step(0.01f);
+    for (size_t i = 0; i < pa.size(); ++i)
+      for (int64_t k = 0; k < pa[i].numel(); ++k) ASSERT_EQ(pa[i].data<float>()[k], pb[i].data<float>()[k]) << type;
+    EXPECT_THROW(SplitOptimizer(c, sb, {3, 3}), Error);  // cuts must increase
+    EXPECT_THROW(SplitOptimizer(c, sb, {5}), Error);     // and lie inside
   }
 }
 

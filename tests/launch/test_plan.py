@@ -97,6 +97,19 @@ class Plan(unittest.TestCase):
         gpu = plan("gpt_d12.ini", TOKENS, *gpt[:-1])
         self.assertEqual(rows(gpu, "parameter shard in", True), 0)
         self.assertGreaterEqual(rows(gpu, "gradients (shard)", True), 4 * P)
+        # sharding.offload_fraction = 0.5: the first units keep master (4), gradient shard (4) and
+        # AdamW state (8 bytes a parameter) on the GPU, about half the parameters; the rest as above.
+        half = plan("gpt_d12.ini", TOKENS, *gpt, "--sharding.offload_fraction=0.5")
+        kept = rows(half, "optimizer", True) / 8
+        self.assertGreater(kept, 0.4 * P)
+        self.assertLess(kept, 0.6 * P)
+        self.assertAlmostEqual(rows(half, "optimizer", False) / 8 + kept, P, delta=0.01 * P)
+        master = rows(half, "parameters (f32 master", True) / 4  # in the allocator's size classes
+        self.assertGreaterEqual(master, kept)
+        self.assertLess(master, 1.25 * kept)
+        self.assertGreater(rows(half, "gradients (shard)", True), 0.4 * 4 * P)  # reduce_dtype f32
+        self.assertLess(off["device_bytes"] + 15 * 0.4 * P, half["device_bytes"])
+        self.assertLess(half["host_bytes"], off["host_bytes"])
 
     def test_bad_arguments_name_themselves(self):
         for args, msg in ((["--ranks", "0"], "--ranks 0"), (["--ranks", "3"], "train.batch_size"),

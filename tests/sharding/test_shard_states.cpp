@@ -232,7 +232,7 @@ struct EngineFixture {
   std::unique_ptr<Sequential> model;
   std::unique_ptr<ShardedEngine> engine;
   int n = 0;
-  EngineFixture(ShardStrategy strategy, int prefetch = 2, bool offload = false) {
+  EngineFixture(ShardStrategy strategy, int prefetch = 2, bool offload = false, double offloadFraction = 1.0) {
     ModelConfig mc;
     mc.hidden = {6, 5, 4};
     model = buildMlp(mc, InputSpec{2, 2, 1, 3});
@@ -243,6 +243,7 @@ struct EngineFixture {
     so.strategy = strategy;
     so.prefetchLimit = prefetch;
     so.offloadCpu = offload;
+    so.offloadFraction = offloadFraction;
     engine = std::make_unique<ShardedEngine>(model->params(), shard,
                                              strategy == ShardStrategy::kHybridShard ? &replica : nullptr, so,
                                              OptimConfig());
@@ -340,9 +341,9 @@ TEST(ShardedEngineStates, ShardGradOpKeepsUnitsFromForwardToBackward) {
 TEST(ShardedEngineStates, MicroStepsAccumulateForEveryStrategy) {
   for (ShardStrategy strategy :
        {ShardStrategy::kFullShard, ShardStrategy::kShardGradOp, ShardStrategy::kHybridShard})
-    for (bool offload : {false, true}) {
-      SCOPED_TRACE(std::string(shardStrategyName(strategy)) + (offload ? " offload" : ""));
-      EngineFixture f(strategy, 2, offload);
+    for (double offload : {0.0, 1.0, 0.5}) {  // none, all, the last units (partial offload)
+      SCOPED_TRACE(std::string(shardStrategyName(strategy)) + " offload " + std::to_string(offload));
+      EngineFixture f(strategy, 2, offload > 0, offload > 0 ? offload : 1.0);
       f.engine->beginStep();
       for (int k = 0; k < 3; ++k) {
         f.forward();
@@ -384,6 +385,46 @@ TEST(ShardedEngineStates, OffloadSendsEachGradientShardDownAsItsReductionEnds) {
     EXPECT_GT(f.engine->clipGradNorm(1.f), 0.0);
     f.engine->step(1e-3f);
   }
+}
+
+// Partial offload chooses the last units whose elements are nearest the fraction (all for 1, at
+// least the last one), and the engine keeps the first ones as without offload: a device (here CPU)
+// gradient shard and no host copy; the offloaded ones the reverse. Their gradients still go down
+// as each reduction ends, the kept ones' are reduced at finishBackward, and the step runs both.
+TEST(ShardedEngineStates, PartialOffloadKeepsTheFirstUnits) {
+  EXPECT_EQ(firstOffloadedUnit({10, 10, 10, 10}, 1.0), 0);
+  EXPECT_EQ(firstOffloadedUnit({10, 10, 10, 10}, 0.5), 2);
+  EXPECT_EQ(firstOffloadedUnit({10, 10, 10, 10}, 0.6), 2) << "24 of 40: the last two (20) are nearest";
+  EXPECT_EQ(firstOffloadedUnit({10, 10, 10, 10}, 0.01), 3) << "the last unit at least";
+  EXPECT_EQ(firstOffloadedUnit({5, 100, 100, 5}, 0.5), 2);
+  EXPECT_EQ(firstOffloadedUnit({}, 0.5), 0);
+  EngineFixture f(ShardStrategy::kFullShard, 2, true, 0.5);
+  const int k = f.engine->firstOffloaded();
+  ASSERT_GT(k, 0);
+  ASSERT_LT(k, f.n);
+  EngineFixture all(ShardStrategy::kFullShard, 2, true);
+  EXPECT_EQ(all.engine->firstOffloaded(), 0);
+  EngineFixture none(ShardStrategy::kFullShard);
+  EXPECT_EQ(none.engine->firstOffloaded(), none.n);
+  f.engine->beginStep();
+  f.forward();
+  for (int u = f.n - 1; u >= 0; --u) {
+    f.engine->beforeUnitBackward(u);
+    for (Param* p : f.model->params().unitParams(u)) p->grad.fill_(3.f);
+    f.engine->afterUnitBackward(u);
+    EXPECT_EQ(f.engine->unitState(u), u >= k ? S::kSharded : S::kReducing) << "unit " << u;
+  }
+  f.engine->finishBackward();
+  EXPECT_EQ(str(f.states()), str(std::vector<S>(static_cast<size_t>(f.n), S::kSharded)));
+  for (const auto& seg : f.engine->optimizer().segments())
+    for (int64_t i = 0; i < seg.grad.numel(); ++i) ASSERT_EQ(seg.grad.data<float>()[i], 3.f);
+  std::vector<float> before;
+  for (const auto& seg : f.engine->optimizer().segments()) before.push_back(seg.value.data<float>()[0]);
+  EXPECT_GT(f.engine->clipGradNorm(1.f), 0.0);
+  f.engine->step(1e-2f);
+  const auto& segs = f.engine->optimizer().segments();
+  for (size_t i = 0; i < segs.size(); ++i) EXPECT_NE(segs[i].value.data<float>()[0], before[i]) << "segment " << i;
+  EXPECT_EQ(f.engine->optimizer().stepCount(), 1);
 }
 
 // Evaluation forwards leave units gathered (shard_grad_op) or prefetched (prefetch_limit 3 with

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Sharding on 4 CPU ranks:
  - every strategy (full_shard, shard_grad_op, hybrid_shard over 2 emulated nodes), with and
-   without CPU offload, matches no_shard within 1e-5 relative at every one of 50 steps (f32; a
+   without CPU offload (all of the optimizer, or half: sharding.offload_fraction), matches no_shard
+   within 1e-5 relative at every one of 50 steps (f32; a
    CNN, and a small GPT with activation checkpointing and gradient accumulation: GptCheckpointing);
  - full_shard's persistent params+grads+optimizer bytes per rank are within 10% of 16 psi / N
    with mixed precision (bf16 parameter and gradient shards, f32 master and Adam state);
@@ -72,6 +73,8 @@ class Sharding(unittest.TestCase):
                                 ("shard_grad_op", ["--sharding.offload=cpu"]),
                                 ("hybrid_shard", ["--topo.node_ranks=2"]),
                                 ("hybrid_shard", ["--topo.node_ranks=2", "--sharding.offload=cpu"]),
+                                ("hybrid_shard", ["--topo.node_ranks=2", "--sharding.offload=cpu",
+                                                  "--sharding.offload_fraction=0.5"]),
                                 ("full_shard", ["--sharding.prefetch_limit=1"])]:
             name = strategy + "".join(e.replace("--", "_").replace("=", "").replace(".", "_") for e in extra)
             run(4, [f"--run.dir={self.d}", f"--run.name={name}", f"--sharding.strategy={strategy}",
@@ -197,6 +200,10 @@ class GptCheckpointing(unittest.TestCase):
                 ("hybrid_offload_blocks_accum2", ["--sharding.strategy=hybrid_shard", "--topo.node_ranks=2",
                                                   "--sharding.offload=cpu", "--train.activation_checkpointing=blocks",
                                                   "--train.grad_accum_steps=2"]),
+                ("full_offload_half_pointwise_accum2", ["--sharding.strategy=full_shard", "--sharding.offload=cpu",
+                                                        "--sharding.offload_fraction=0.5",
+                                                        "--train.activation_checkpointing=pointwise",
+                                                        "--train.grad_accum_steps=2"]),
                 ("hybrid_selective", ["--sharding.strategy=hybrid_shard", "--topo.node_ranks=2",
                                       "--train.activation_checkpointing=selective"]),
                 ("no_shard_selective_accum2", ["--train.activation_checkpointing=selective",
