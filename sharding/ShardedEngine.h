@@ -27,7 +27,10 @@
 // copies (bf16 under bf16/f16 compute, sharding.param_dtype = auto): each unit's gradient shard is
 // reduce-scattered into a device buffer of its own that goes down to its host copy (added to it
 // after the first micro-step) as soon as the reduction ends, and updated parameter shards come back
-// up.
+// up. offloadFraction < 1 (ZeRO-Offload++'s twin flow) offloads only the last units, about that
+// share of the parameters: the first units, whose updates the next forward needs first and whose
+// gradients land last, keep their shards on the device and step there while the CPU steps the rest
+// (firstOffloadedUnit; core/optim/SplitOptimizer).
 //
 // The optimizer's segments carry their global offsets, so sharded checkpoints load into any world
 // size and any strategy (launch/Checkpoint).

@@ -9,7 +9,8 @@
 # On the device tool: bash scripts/device/run_on_device.sh f16-gap
 # Environment: TRAINER (dist/bin/trainer or build/bin/trainer), OUT (results), STEPS (800), SEEDS
 # ("1 2"), BATCH (32), PRECISIONS ("bf16 f16"), CORPUS_MB (cap on the corpus, 64), ARGS (extra
-# trainer overrides for every run).
+# trainer overrides for every run), REF (1: PyTorch's bf16 and f16 runs of the same recipe beside
+# each seed's, scripts/bench/f16_gap_reference.py — the control for the gap).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 trainer="${TRAINER:-$( [[ -x dist/bin/trainer ]] && echo dist/bin/trainer || echo build/bin/trainer )}"
@@ -33,6 +34,11 @@ for seed in $seeds; do
       --run.dir="$out" --run.name="$name" ${ARGS:-} 2>&1 | tee "$out/$name.log" |
       grep -E "step [0-9]+/[0-9]+ epoch|final|error" || true
     echo "$(grep -c "step skipped" "$out/$name.log" || true) step(s) skipped; first: $(grep -m3 -o "step [0-9]*: inf/nan.*" "$out/$name.log" | tr "\n" ";")"
+    if [[ "${REF:-0}" != 0 && ( $p == bf16 || $p == f16 ) ]]; then  # PyTorch's own gap, the control
+      echo "== pytorch $name"
+      python3 scripts/bench/f16_gap_reference.py --tokens $tokens --precision "$p" --seed "$seed" --steps "$steps" \
+        --batch "$batch" 2>"$out/pt-$name.log" | tee "$out/pt-$name.json"
+    fi
   done
 done
 python3 - "$out" "$seeds" "$precisions" <<'PY'
@@ -62,6 +68,16 @@ for s in seeds:
         if p != "bf16" and losses.get(p) is not None and losses.get("bf16") is not None:
             gaps.append((p, losses[p] - losses["bf16"]))
             print(f"seed {s}: {p} - bf16 = {gaps[-1][1]:+.4f} nats")
+for s in seeds:  # REF=1: PyTorch's runs of the same recipe, corpus and seed
+    pt = {}
+    for p in ("bf16", "f16"):
+        path = f"{out}/pt-{p}-seed{s}.json"
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            pt[p] = json.loads(open(path).read().strip().splitlines()[-1])
+    if len(pt) == 2:
+        g = pt["f16"]["test_loss"] - pt["bf16"]["test_loss"]
+        print(f"seed {s} PyTorch: bf16 {pt['bf16']['test_loss']:.4f}, f16 {pt['f16']['test_loss']:.4f} "
+              f"(loss scale {pt['f16']['loss_scale']}, skipped {pt['f16']['skipped_steps']}): f16 - bf16 = {g:+.4f} nats")
 for p in sorted({p for p, _ in gaps}):
     worst = max((g for q, g in gaps if q == p), key=abs)
     print(f"{p}: worst gap {worst:+.4f} nats (acceptance: f16 within 0.01, fp8 within 0.02)")
