@@ -2,6 +2,8 @@
 // transposed copy the TN FP8 GEMMs need), the scale updates on the device (no host round trip per
 // tensor), and the FP8 GEMM through cuBLASLt.
 //
+// The cast runs as castKernelVec (16-byte loads, 8- and 16-byte stores) where the shape allows it,
+// which is every GPT GEMM operand; castKernel (one element per thread) elsewhere. Same codes.
 // One quantization (Fp8State layout [scale, scaleInv, amax, h_0..h_{L-1}]):
 //   current:        amax pass -> scale kernel (scaleFrom(amax)) -> cast pass -> history push
 //   delayed:        scale kernel (scaleFrom(max h)) -> cast pass, amax fused -> history push
@@ -89,6 +91,105 @@ __global__ void castKernel(const T* x, uint8_t* q, uint8_t* qt, int64_t R, int64
   }
 }
 
+// Eight consecutive elements of x (16-byte aligned) as floats.
+__device__ inline void load8(const __nv_bfloat16* p, float* v) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ inline void load8(const float* p, float* v) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// castKernel for the shapes every GPT GEMM has (C a multiple of 8; R a multiple of 16 when the
+// transpose is written; aligned buffers): the same codes and amax, with 16-byte loads, 8-byte
+// stores of q and 16-byte stores of qt. The scalar kernel moves 2 bytes in and 2 out per thread
+// and instruction, far under the memory system's rate; this one is what makes the cast a
+// bandwidth-bound pass. A 64 x 64 tile per block of 256 threads: thread t loads 8 columns of rows
+// t/8 and t/8 + 32; then thread t writes 16 rows of column t%64 of qt (rows (t/64)*16..+16).
+constexpr int kVecTile = 64, kVecThreads = 256;
+template <typename T>
+__global__ void __launch_bounds__(kVecThreads)
+    castKernelVec(const T* x, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
+                  bool withAmax) {
+  __shared__ __align__(16) uint8_t tile[kVecTile][kVecTile + 8];
+  const float scale = state[Fp8State::kScale];
+  const int64_t c0 = blockIdx.x * static_cast<int64_t>(kVecTile), r0 = blockIdx.y * static_cast<int64_t>(kVecTile);
+  const int t = threadIdx.x, cl = (t % 8) * 8;
+  float m = 0.f;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int rl = t / 8 + 32 * pass;
+    const int64_t r = r0 + rl, c = c0 + cl;
+    if (r < R && c < C) {
+      float v[8];
+      load8(x + r * C + c, v);
+      __align__(8) uint8_t codes[8];
+      for (int i = 0; i < 8; ++i) {
+        m = __uint_as_float(max(__float_as_uint(m), __float_as_uint(fabsf(v[i]))));
+        codes[i] = castIntrinsic(v[i] * scale, f);
+      }
+      const uint2 packed = *reinterpret_cast<const uint2*>(codes);
+      *reinterpret_cast<uint2*>(q + r * C + c) = packed;
+      *reinterpret_cast<uint2*>(&tile[rl][cl]) = packed;
+    }
+  }
+  if (withAmax) blockAmaxAtomic(m, state + Fp8State::kAmax);
+  if (!qt) return;
+  __syncthreads();
+  const int col = t % kVecTile, rb = (t / kVecTile) * 16;
+  const int64_t cc = c0 + col, rr = r0 + rb;
+  if (cc < C && rr < R) {  // R % 16 == 0: the 16 rows are all in or all out
+    __align__(16) uint8_t out[16];
+    for (int i = 0; i < 16; ++i) out[i] = tile[rb + i][col];
+    *reinterpret_cast<uint4*>(qt + cc * R + rr) = *reinterpret_cast<const uint4*>(out);
+  }
+}
+
+// amaxKernel with 16-byte loads (n a multiple of 8, x aligned).
+template <typename T>
+__global__ void amaxKernelVec(const T* x, int64_t n8, float* state) {
+  float m = 0.f;
+  MT_GRID_STRIDE(i, n8) {
+    float v[8];
+    load8(x + i * 8, v);
+    for (int k = 0; k < 8; ++k) m = __uint_as_float(max(__float_as_uint(m), __float_as_uint(fabsf(v[k]))));
+  }
+  blockAmaxAtomic(m, state + Fp8State::kAmax);
+}
+
+bool aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// One cast of x [R, C] with the state's current scale (the vectorized kernel where it applies).
+template <typename T>
+void launchCast(const T* x, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
+                bool withAmax, cudaStream_t s) {
+  const bool vec = C % 8 == 0 && aligned(x, 16) && aligned(q, 8) && (!qt || (R % 16 == 0 && aligned(qt, 16)));
+  const int tile = vec ? kVecTile : kTile;
+  MT_CHECK((C + tile - 1) / tile < (1ll << 31) && (R + tile - 1) / tile <= 65535, "fp8 cast of [", R, ", ", C,
+           "]: more than 65535 x ", tile, " rows");
+  const dim3 grid(static_cast<unsigned>((C + tile - 1) / tile), static_cast<unsigned>((R + tile - 1) / tile));
+  if (vec)
+    castKernelVec<<<grid, kVecThreads, 0, s>>>(x, q, qt, R, C, state, f, withAmax);
+  else
+    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(x, q, qt, R, C, state, f, withAmax);
+  checkLaunch();
+}
+
+template <typename T>
+void launchAmax(const T* x, int64_t n, float* state, cudaStream_t s) {
+  if (n % 8 == 0 && aligned(x, 16))
+    amaxKernelVec<<<gridFor1d(n / 8), 256, 0, s>>>(x, n / 8, state);
+  else
+    amaxKernel<<<gridFor1d(n), 256, 0, s>>>(x, n, state);
+  checkLaunch();
+}
+
 // The scale before a cast (current: from the amax just reduced; delayed: from the history), and
 // the amax slot cleared first where the cast itself reduces it.
 __global__ void scaleKernel(float* v, int L, Fp8Format f, int margin, bool fromHistory) {
@@ -122,19 +223,12 @@ void quantizeTyped(Tensor& q, const Tensor& x, Fp8State& st, Tensor* qt) {
   cudaStream_t s = currentStream();
   if (!delayed) {
     CUDA_CHECK(cudaMemsetAsync(v + Fp8State::kAmax, 0, sizeof(float), s));
-    amaxKernel<<<gridFor1d(n), 256, 0, s>>>(static_cast<const T*>(x.rawData()), n, v);
-    checkLaunch();
+    launchAmax(static_cast<const T*>(x.rawData()), n, v, s);
   }
   scaleKernel<<<1, 1, 0, s>>>(v, o.historyLength, st.format(), o.margin, delayed);
   checkLaunch();
-  MT_CHECK((C + kTile - 1) / kTile < (1ll << 31) && (R + kTile - 1) / kTile <= 65535, "fp8 cast of ", x.str(),
-           ": more than 65535 x 32 rows");
-  const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile),
-                  static_cast<unsigned>((R + kTile - 1) / kTile));
-  castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(static_cast<const T*>(x.rawData()), q.data<uint8_t>(),
-                                                        qt ? qt->data<uint8_t>() : nullptr, R, C, v,
-                                                        st.format(), delayed);
-  checkLaunch();
+  launchCast(static_cast<const T*>(x.rawData()), q.data<uint8_t>(), qt ? qt->data<uint8_t>() : nullptr, R, C, v,
+             st.format(), delayed, s);
   pushKernel<<<1, 1, 0, s>>>(v, o.historyLength);
   checkLaunch();
   st.setCasts(st.casts() + 1);
@@ -168,17 +262,13 @@ void fp8QuantizeReplayOnDevice(Tensor& q, const Tensor& x, const Fp8State& st, T
   MT_CHECK(x.dtype() == DType::kBF16 || x.dtype() == DType::kF32, "fp8 cast of ", x.str(),
            ": f32 or bf16 only");
   const int64_t C = x.ndim() ? x.dim(-1) : 1, R = x.numel() / C;
-  const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile),
-                  static_cast<unsigned>((R + kTile - 1) / kTile));
   uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
   float* v = st.values().data<float>();
   if (x.dtype() == DType::kBF16)
-    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, currentStream()>>>(
-        static_cast<const __nv_bfloat16*>(x.rawData()), q.data<uint8_t>(), qt, R, C, v, st.format(), false);
+    launchCast(static_cast<const __nv_bfloat16*>(x.rawData()), q.data<uint8_t>(), qt, R, C, v, st.format(), false,
+               currentStream());
   else
-    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, currentStream()>>>(x.data<float>(), q.data<uint8_t>(),
-                                                                        qt, R, C, v, st.format(), false);
-  checkLaunch();
+    launchCast(x.data<float>(), q.data<uint8_t>(), qt, R, C, v, st.format(), false, currentStream());
 }
 
 void fp8DequantizeOnDevice(Tensor& x, const Tensor& q, const Fp8State& st) {

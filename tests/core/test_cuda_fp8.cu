@@ -105,7 +105,10 @@ void expectStatesEqual(const Fp8State& cpu, const Fp8State& dev, const std::stri
 }
 
 TEST(CudaFp8, QuantizeKernelsMatchTheEmulation) {
-  const int64_t R = 333, C = 77;  // not multiples of the 32 x 32 tiles
+  // 333 x 77: the one-element-per-thread kernel (C not a multiple of 8), not a multiple of its 32 x
+  // 32 tiles; 208 x 200 and 256 x 768: the vectorized one (C % 8 == 0, R % 16 == 0), a partial and
+  // whole 64 x 64 tiles.
+  for (const auto& [R, C] : {std::pair<int64_t, int64_t>{333, 77}, {208, 200}, {256, 768}})
   for (Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kDelayed})
     for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
       for (DType t : {DType::kF32, DType::kBF16}) {
@@ -116,7 +119,8 @@ TEST(CudaFp8, QuantizeKernelsMatchTheEmulation) {
         Fp8State sc(f, o, Device::cpu()), sg(f, o, gpu());
         const float amps[] = {1.f, 30.f, 0.01f, 5.f, 0.f, 200.f};
         for (int step = 0; step < 6; ++step) {
-          const std::string what = std::string(enumName(fp8Recipes(), recipe)) + " " +
+          const std::string what = std::to_string(R) + "x" + std::to_string(C) + " " +
+                                   enumName(fp8Recipes(), recipe) + " " +
                                    enumName(fp8Formats(), f) + " " + dtypeName(t) + " step " +
                                    std::to_string(step);
           Tensor x = wave(R, C, amps[step], step, t);
