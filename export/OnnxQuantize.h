@@ -3,9 +3,17 @@
 // Runtime's graph optimizer fuses the QuantizeLinear / DequantizeLinear pairs into integer kernels
 // (Conv -> QLinearConv, MatMul -> MatMulIntegerToFloat), and other runtimes (TensorRT) read the
 // same format. Arithmetic: core/Int8.h.
-//   weights   int8 initializers "<param>_quantized" + f32 scales [C] + int8 zero points [C] (0) ->
-//             DequantizeLinear(axis = the graph's output-channel axis: 1 for a MatMul's [in, out]
-//             weight, 0 for a Conv's [O, C, KH, KW])
+//   weights   uint8 initializers "<param>_quantized" = q + 128 for the symmetric int8 codes q of
+//             core/Int8.h, f32 scales [C], uint8 zero points [C] (128) -> DequantizeLinear(axis =
+//             the graph's output-channel axis: 1 for a MatMul's [in, out] weight, 0 for a Conv's
+//             [O, C, KH, KW]). The values are those of int8 weights with zero point 0, but ONNX
+//             Runtime then multiplies uint8 activations by uint8 weights, which its x86 kernels
+//             widen to 16 bits before multiplying. With int8 weights it picks u8 x s8 kernels, and
+//             on CPUs without VNNI (AVX2, AVX-512 before Cascade Lake; AMD before Zen 4) those add
+//             pairs of products in 16-bit saturating arithmetic (vpmaddubsw): 255 x 127 x 2
+//             overflows, so results depend on the CPU (measured on an AVX2 EPYC: a QAT CNN's ORT
+//             logits 12 % of their range off the trainer's fake-quantized forward; 0.12 % with
+//             uint8 weights, as on the Xeon of earlier CI runs with int8 ones).
 //   inputs    x -> QuantizeLinear(s, z uint8) -> DequantizeLinear -> MatMul / Conv, (s, z) per layer
 //             from the observed range of that layer's input (site "<label>")
 //   conv bias int32 b_q = round(b / (s_x s_w[c])) -> DequantizeLinear(scale s_x s_w[c], axis 0),
@@ -23,6 +31,8 @@
 #include "export/OnnxExport.h"
 
 namespace mt {
+
+constexpr int kWeightZeroPoint = 128;
 
 class QdqHooks : public OnnxExportHooks {
  public:

@@ -50,7 +50,7 @@ void calibrate(Sequential& model, const RebuiltModel& m, const Int8ExportRequest
 
 std::string describe(const Int8ExportRequest& r) {
   nlohmann::json j;
-  j["weights"] = "int8 symmetric per output channel";
+  j["weights"] = "int8 symmetric per output channel, stored as uint8 q + 128 (zero point 128)";
   j["activations"] = "uint8 asymmetric per tensor";
   j["calibration"] = r.calibration;
   if (r.calibration != "qat") {

@@ -25,6 +25,7 @@ import unittest
 import h5py
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 TRAINER = os.environ["TRAINER"]
 FASHION = os.environ["FASHION_H5"]
@@ -107,11 +108,18 @@ class Int8(unittest.TestCase):
         """onnx.checker, int8 weight initializers with per-channel scales, and ORT's integer kernels."""
         onnx.checker.check_model(path, full_check=True)
         m = onnx.load(path)
-        int8 = [i for i in m.graph.initializer if i.data_type == onnx.TensorProto.INT8 and i.name.endswith("_quantized")]
+        # Weights: the int8 codes q as uint8 q + 128 with zero point 128 (export/OnnxQuantize.h: ORT's
+        # u8 x s8 kernels saturate on CPUs without VNNI), so every code is in [1, 255].
+        inits = {i.name: i for i in m.graph.initializer}
+        int8 = [i for name, i in inits.items() if name.endswith("weight_quantized")]
         self.assertTrue(int8, f"{label}: no int8 weight initializers")
+        for i in int8:
+            self.assertEqual(i.data_type, onnx.TensorProto.UINT8, i.name)
+            self.assertGreaterEqual(int(numpy_helper.to_array(i).min()), 1, i.name)
+            zp = numpy_helper.to_array(inits[i.name.replace("_quantized", "_zero_point")])
+            self.assertEqual(set(zp.tolist()), {128}, i.name)
         self.assertFalse([i.name for i in m.graph.initializer if i.name.endswith(".weight")],
                          f"{label}: f32 weights left in the int8 model")
-        inits = {i.name: i for i in m.graph.initializer}
         for node in m.graph.node:  # every weight's DequantizeLinear has one scale per output channel on its axis
             if node.op_type == "DequantizeLinear" and node.input[0] in inits and node.input[0].endswith("weight_quantized"):
                 axis = [a.i for a in node.attribute if a.name == "axis"][0]
