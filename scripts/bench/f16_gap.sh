@@ -68,6 +68,7 @@ for s in seeds:
         if p != "bf16" and losses.get(p) is not None and losses.get("bf16") is not None:
             gaps.append((p, losses[p] - losses["bf16"]))
             print(f"seed {s}: {p} - bf16 = {gaps[-1][1]:+.4f} nats")
+pt_gaps = []
 for s in seeds:  # REF=1: PyTorch's runs of the same recipe, corpus and seed
     pt = {}
     for p in ("bf16", "f16"):
@@ -76,9 +77,18 @@ for s in seeds:  # REF=1: PyTorch's runs of the same recipe, corpus and seed
             pt[p] = json.loads(open(path).read().strip().splitlines()[-1])
     if len(pt) == 2:
         g = pt["f16"]["test_loss"] - pt["bf16"]["test_loss"]
+        pt_gaps.append(g)
         print(f"seed {s} PyTorch: bf16 {pt['bf16']['test_loss']:.4f}, f16 {pt['f16']['test_loss']:.4f} "
               f"(loss scale {pt['f16']['loss_scale']}, skipped {pt['f16']['skipped_steps']}): f16 - bf16 = {g:+.4f} nats")
+def summary(label, values):  # mean and its standard error over seeds: one seed's gap is noisy
+    if len(values) < 2:
+        return
+    m = sum(values) / len(values)
+    se = (sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
+    print(f"{label}: mean gap {m:+.4f} nats, standard error {se:.4f} over {len(values)} seeds")
 for p in sorted({p for p, _ in gaps}):
     worst = max((g for q, g in gaps if q == p), key=abs)
     print(f"{p}: worst gap {worst:+.4f} nats (acceptance: f16 within 0.01, fp8 within 0.02)")
+    summary(p, [g for q, g in gaps if q == p])
+summary("PyTorch f16", pt_gaps)
 PY
