@@ -132,6 +132,10 @@ class TextToTokens(unittest.TestCase):
         open(empty, "w").close()
         self.refused(["--text-list", empty], ["--text-list " + empty, "names no file"])
         self.refused(["--text-list", os.path.join(self.d, "absent")], ["absent", "cannot read it"])
+        garbage = os.path.join(self.d, "garbage")
+        with open(garbage, "wb") as f:
+            f.write(bytes(range(128, 256)))
+        self.refused(["--text-list", garbage], ["--text-list " + garbage, "cannot read it"])
 
 
 if __name__ == "__main__":
