@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the device machine over the carried dist/ (see build_for_device.sh):
-#   bash scripts/device/run_on_device.sh probe|gpu-tests|attention|fp8|nccl-ranks|nccl-sanitizer|sharding-scale|largest|f16-gap|onnx-gpt|bench [args]
+#   bash scripts/device/run_on_device.sh probe|gpu-tests|attention|fp8|fp8-speed|nccl-ranks|nccl-sanitizer|sharding-scale|largest|f16-gap|onnx-gpt|bench [args]
 # Results go to $OUT (when set) as logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -119,6 +119,20 @@ case "$what" in
     PYTHONUNBUFFERED=1 python3 tests/launch/test_nccl_ranks.py -v "$@" 2>&1 | tee "$out/nccl_ranks.log" |
       grep -E "^test_|ok$|FAIL|ERROR|worst|ended|Error|^Ran|^OK" || true
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    exit $status
+    ;;
+  fp8-speed)
+    # Issue 35's speed table, one call of about five minutes: GPT PRESETS (default d24 d48) at
+    # BATCH (default 16) x 1024 in bf16 and in FP8 (delayed scaling, all four block Linears), then
+    # PyTorch torch.compile bf16 once per preset, each row tokens/s, MFU and allocator peak
+    # (scripts/bench/gpt_bench.sh; STEPS as there).
+    status=0
+    for preset in ${PRESETS:-d24 d48}; do
+      for p in bf16 fp8; do
+        REF=$([[ $p == fp8 ]] && echo 1 || echo 0) NAME="$preset-$p" PRESET="$preset" BATCH="${BATCH:-16}"           STEPS="${STEPS:-20}" OUT="$out/gpt" ARGS="--train.precision=$p" bash scripts/bench/gpt_bench.sh 2>&1 |
+          grep -vE "^step|^\[" || status=1
+      done
+    done
     exit $status
     ;;
   sharding-scale)
