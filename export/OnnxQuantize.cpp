@@ -10,17 +10,22 @@ std::string QdqHooks::weight(OnnxGraph& g, const std::string& name, const Tensor
   QuantizedWeight qw = quantizeWeight(w, channelAxis);
   const std::vector<int64_t> dims(w.shape().begin(), w.shape().end());
   const int64_t C = w.dim(channelAxis);
-  // The symmetric int8 codes q in [-127, 127] stored as uint8 q + 128 with zero point 128: the same
-  // values (q + 128 - 128) * s, run by ONNX Runtime's u8 x u8 kernels (see the header for why).
-  std::vector<uint8_t> shifted(qw.q.size());
-  for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = static_cast<uint8_t>(qw.q[i] + kWeightZeroPoint);
-  const std::string q =
-      g.addInitializer(name + "_quantized", OnnxType::kUint8, dims, shifted.data(), shifted.size());
   const std::string s = g.addInitializer(name + "_scale", OnnxType::kFloat, {C}, qw.scales.data(),
                                          qw.scales.size() * sizeof(float));
-  const std::vector<uint8_t> zeros(static_cast<size_t>(C), static_cast<uint8_t>(kWeightZeroPoint));
-  const std::string z =
-      g.addInitializer(name + "_zero_point", OnnxType::kUint8, {C}, zeros.data(), zeros.size());
+  std::string q, z;
+  if (weightType_ == WeightType::kInt8) {
+    q = g.addInitializer(name + "_quantized", OnnxType::kInt8, dims, qw.q.data(), qw.q.size());
+    const std::vector<int8_t> zeros(static_cast<size_t>(C), 0);
+    z = g.addInitializer(name + "_zero_point", OnnxType::kInt8, {C}, zeros.data(), zeros.size());
+  } else {
+    // The symmetric codes q in [-127, 127] stored as uint8 q + 128 with zero point 128: the same
+    // values (q + 128 - 128) * s, run by ONNX Runtime's u8 x u8 kernels (see the header for why).
+    std::vector<uint8_t> shifted(qw.q.size());
+    for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = static_cast<uint8_t>(qw.q[i] + kWeightZeroPoint);
+    q = g.addInitializer(name + "_quantized", OnnxType::kUint8, dims, shifted.data(), shifted.size());
+    const std::vector<uint8_t> zeros(static_cast<size_t>(C), static_cast<uint8_t>(kWeightZeroPoint));
+    z = g.addInitializer(name + "_zero_point", OnnxType::kUint8, {C}, zeros.data(), zeros.size());
+  }
   lastWeightScales_ = qw.scales;
   return g.add("DequantizeLinear", {q, s, z}, name + "/dequantize", {OnnxAttr::integer("axis", channelAxis)});
 }

@@ -4,7 +4,9 @@
 // (Conv -> QLinearConv, MatMul -> MatMulIntegerToFloat), and other runtimes (TensorRT) read the
 // same format. Arithmetic: core/Int8.h.
 //   weights   uint8 initializers "<param>_quantized" = q + 128 for the symmetric int8 codes q of
-//             core/Int8.h, f32 scales [C], uint8 zero points [C] (128) -> DequantizeLinear(axis =
+//             core/Int8.h (WeightType::kUint8, the default; kInt8: int8 q with zero points 0, for
+//             CPUs with VNNI, where ORT's faster uint8 x int8 kernels are exact), f32 scales [C],
+//             uint8 zero points [C] (128) -> DequantizeLinear(axis =
 //             the graph's output-channel axis: 1 for a MatMul's [in, out] weight, 0 for a Conv's
 //             [O, C, KH, KW]). The values are those of int8 weights with zero point 0, but ONNX
 //             Runtime then multiplies uint8 activations by uint8 weights, which its x86 kernels
@@ -33,13 +35,15 @@
 namespace mt {
 
 constexpr int kWeightZeroPoint = 128;
+enum class WeightType { kUint8, kInt8 };
 
 class QdqHooks : public OnnxExportHooks {
  public:
   // sites: activation parameters by site ("<label>" inputs, "<label>/out" conv outputs); where:
-  // what to name in an error (the checkpoint and the calibration).
-  QdqHooks(std::map<std::string, ActivationQParams> sites, std::string where)
-      : sites_(std::move(sites)), where_(std::move(where)) {}
+  // what to name in an error (the checkpoint and the calibration); weights: how codes are stored.
+  QdqHooks(std::map<std::string, ActivationQParams> sites, std::string where,
+           WeightType weights = WeightType::kUint8)
+      : sites_(std::move(sites)), where_(std::move(where)), weightType_(weights) {}
   std::string weight(OnnxGraph& g, const std::string& name, const Tensor& w, int channelAxis) override;
   std::string activation(OnnxGraph& g, const std::string& x, const std::string& site) override;
   std::string bias(OnnxGraph& g, const std::string& name, const Tensor& b, const std::string& site) override;
@@ -53,6 +57,7 @@ class QdqHooks : public OnnxExportHooks {
                                  const std::string& site);
   std::map<std::string, ActivationQParams> sites_;
   std::string where_;
+  WeightType weightType_;
   // The layer being written: its input's scale and its weight's per-channel scales (for the bias).
   std::map<std::string, float> inputScale_;
   std::vector<float> lastWeightScales_;

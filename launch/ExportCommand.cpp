@@ -39,8 +39,10 @@ const char* const kExportUsage =
     "  model (auto: when they pass 1.5 GiB; protobuf's limit is 2 GiB)\n"
     "  int8 (onnx, mlp and cnn): [--quantize int8] [--calibration minmax|percentile|qat]\n"
     "    [--calibration-batches N (8)] [--calibration-batch-size B (128)] [--percentile P (99.99)]\n"
-    "    [--calibration-data FILE.h5]: a QDQ model, int8 weights per output channel, uint8 activations\n"
-    "    calibrated on N training batches (qat, the default for a train.qat checkpoint: its observers)\n";
+    "    [--calibration-data FILE.h5] [--weight-type uint8|int8]: a QDQ model, int8 weights per output\n"
+    "    channel, uint8 activations calibrated on N training batches (qat, the default for a train.qat\n"
+    "    checkpoint: its observers); weights stored as uint8 (q + 128, zero point 128: the same result\n"
+    "    on every x86 CPU) or int8 (ONNX Runtime's faster kernels, exact only on CPUs with VNNI)\n";
 const char* const kLogitsUsage =
     "usage: trainer logits --checkpoint DIR --out FILE.h5 [--data FILE.h5] [--split test] [--first I]\n"
     "         [--count N] [--seq-len T] [--quantize int8] [--device cpu|cuda] [--precision f32|bf16|f16]\n"
@@ -140,11 +142,11 @@ void exportOnnxFile(const std::string& ckpt, const std::string& out, OnnxSaveOpt
 std::optional<Int8ExportRequest> int8Request(std::map<std::string, std::string>& f, const std::string& format) {
   const bool calibrationFlag = f.count("--calibration") || f.count("--calibration-batches") ||
                                f.count("--calibration-batch-size") || f.count("--percentile") ||
-                               f.count("--calibration-data");
+                               f.count("--calibration-data") || f.count("--weight-type");
   if (!f.count("--quantize")) {
     if (calibrationFlag)
-      throw ConfigError("export: --calibration, --calibration-batches, --calibration-batch-size, --percentile and "
-                        "--calibration-data are options of --quantize int8");
+      throw ConfigError("export: --calibration, --calibration-batches, --calibration-batch-size, --percentile, "
+                        "--calibration-data and --weight-type are options of --quantize int8");
     return std::nullopt;
   }
   if (f["--quantize"] != "int8") throw ConfigError("export: --quantize " + f["--quantize"] + ": expected int8");
@@ -165,6 +167,11 @@ std::optional<Int8ExportRequest> int8Request(std::map<std::string, std::string>&
     r.percentile = numberOption("export", "--percentile", f["--percentile"], 50.0, 100.0, /*loOpen=*/true);
   }
   if (f.count("--calibration-data")) r.data = f["--calibration-data"];
+  if (f.count("--weight-type")) {
+    if (f["--weight-type"] != "uint8" && f["--weight-type"] != "int8")
+      throw ConfigError("export: --weight-type " + f["--weight-type"] + ": expected uint8 or int8");
+    r.int8Weights = f["--weight-type"] == "int8";
+  }
   if (r.calibration == "qat" && (f.count("--calibration-batches") || f.count("--calibration-batch-size") ||
                                  f.count("--calibration-data")))
     throw ConfigError("export: --calibration qat uses the checkpoint's observers: no calibration batches to give");
@@ -176,7 +183,8 @@ std::optional<Int8ExportRequest> int8Request(std::map<std::string, std::string>&
 int exportCommand(const std::vector<std::string>& args) {
   auto f = parseFlags("export", args,
                       {"--checkpoint", "--out", "--format", "--external-data", "--quantize", "--calibration",
-                       "--calibration-batches", "--calibration-batch-size", "--percentile", "--calibration-data"},
+                       "--calibration-batches", "--calibration-batch-size", "--percentile", "--calibration-data",
+                       "--weight-type"},
                       kExportUsage);
   const std::string ckpt = f["--checkpoint"], out = f["--out"];
   const std::string format = f.count("--format") ? f["--format"] : "h5";

@@ -50,7 +50,8 @@ void calibrate(Sequential& model, const RebuiltModel& m, const Int8ExportRequest
 
 std::string describe(const Int8ExportRequest& r) {
   nlohmann::json j;
-  j["weights"] = "int8 symmetric per output channel, stored as uint8 q + 128 (zero point 128)";
+  j["weights"] = r.int8Weights ? "int8 symmetric per output channel"
+                               : "int8 symmetric per output channel, stored as uint8 q + 128 (zero point 128)";
   j["activations"] = "uint8 asymmetric per tensor";
   j["calibration"] = r.calibration;
   if (r.calibration != "qat") {
@@ -98,7 +99,7 @@ OnnxGraph buildInt8Model(ConsolidatedCheckpoint& c, const std::string& ckpt, Int
     calibrate(static_cast<Sequential&>(*m.model), m, r, split);
   }
   const std::string where = "checkpoint " + ckpt + " (--calibration " + r.calibration + ")";
-  QdqHooks hooks(qm.activationParams(), where);
+  QdqHooks hooks(qm.activationParams(), where, r.int8Weights ? WeightType::kInt8 : WeightType::kUint8);
   ParamMap params;
   for (const CheckpointParam& p : c.meta.params)
     params[p.name] = c.param(p);

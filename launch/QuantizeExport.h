@@ -7,7 +7,9 @@
 //                                     split, spread evenly over it, observed at every quantized
 //                                     layer (models/quant/Observer.h; percentile: --percentile P)
 //   --calibration qat                 the observers a train.qat run checkpointed (its default)
-// Weights are quantized per output channel from the checkpoint's values either way. mlp and cnn
+// Weights are quantized per output channel from the checkpoint's values either way, stored as
+// --weight-type uint8 (q + 128, zero point 128: exact on every x86 CPU; the default) or int8 (zero
+// point 0: ORT's faster uint8 x int8 kernels, exact only on CPUs with VNNI). mlp and cnn
 // only (GPT has no int8 path): anything else, or bad options, is a ConfigError naming them, exit 2.
 
 #include <cstdint>
@@ -24,6 +26,7 @@ struct Int8ExportRequest {
   int64_t batchSize = 128;
   double percentile = 99.99;
   std::string data;  // the calibration data file; "" = the one the checkpoint trained on
+  bool int8Weights = false;  // --weight-type int8 (default uint8: export/OnnxQuantize.h says why)
 };
 
 // The calibrated model (mutates nothing of `c` but reads its parameters).

@@ -104,20 +104,23 @@ def ops(path):
 
 
 class Int8(unittest.TestCase):
-    def check_int8(self, path, label, integer_op):
+    def check_int8(self, path, label, integer_op, weight_type="uint8"):
         """onnx.checker, int8 weight initializers with per-channel scales, and ORT's integer kernels."""
         onnx.checker.check_model(path, full_check=True)
         m = onnx.load(path)
-        # Weights: the int8 codes q as uint8 q + 128 with zero point 128 (export/OnnxQuantize.h: ORT's
-        # u8 x s8 kernels saturate on CPUs without VNNI), so every code is in [1, 255].
+        # Weights: by default the int8 codes q as uint8 q + 128 with zero point 128 (export/OnnxQuantize.h:
+        # ORT's u8 x s8 kernels saturate on CPUs without VNNI), every code in [1, 255]; with
+        # --weight-type int8 the codes in [-127, 127] with zero point 0.
         inits = {i.name: i for i in m.graph.initializer}
         int8 = [i for name, i in inits.items() if name.endswith("weight_quantized")]
         self.assertTrue(int8, f"{label}: no int8 weight initializers")
+        dtype, lo, zero = ((onnx.TensorProto.UINT8, 1, 128) if weight_type == "uint8" else
+                           (onnx.TensorProto.INT8, -127, 0))
         for i in int8:
-            self.assertEqual(i.data_type, onnx.TensorProto.UINT8, i.name)
-            self.assertGreaterEqual(int(numpy_helper.to_array(i).min()), 1, i.name)
+            self.assertEqual(i.data_type, dtype, i.name)
+            self.assertGreaterEqual(int(numpy_helper.to_array(i).min()), lo, i.name)
             zp = numpy_helper.to_array(inits[i.name.replace("_quantized", "_zero_point")])
-            self.assertEqual(set(zp.tolist()), {128}, i.name)
+            self.assertEqual(set(zp.tolist()), {zero}, i.name)
         self.assertFalse([i.name for i in m.graph.initializer if i.name.endswith(".weight")],
                          f"{label}: f32 weights left in the int8 model")
         for node in m.graph.node:  # every weight's DequantizeLinear has one scale per output channel on its axis
@@ -180,6 +183,19 @@ class Int8(unittest.TestCase):
         ok(run([TRAINER, "logits", "--checkpoint", ckpt, "--out", f32_h5, "--count", "200"]), "trainer logits")
         with h5py.File(f32_h5, "r") as f:
             self.assertGreater(float(np.abs(np.array(f["logits"]) - ref).max()), diff)
+        # --weight-type int8: the same values as int8 codes, which ORT runs on its uint8 x int8
+        # kernels (QLinearConv still); exact where the CPU has VNNI, 16-bit saturating elsewhere.
+        out8 = os.path.join(TMP, "cnn_qat_s8.onnx")
+        ok(export(ckpt, out8, "--quantize", "int8", "--weight-type", "int8"), "QAT export, int8 weights")
+        self.check_int8(out8, "cnn qat int8 weights", "QLinearConv", weight_type="int8")
+        meta = {p.key: p.value for p in onnx.load(out8).metadata_props}
+        self.assertNotIn("uint8", json.loads(meta["meshtrain.quantization"])["weights"])
+        diff8 = float(np.abs(ort_logits(out8, x) - ref).max())
+        with open("/proc/cpuinfo") as f:
+            vnni = bool({"avx512_vnni", "avx_vnni"} & set(f.read().split()))
+        print(f"cnn QAT, int8 weights: max |ORT - trainer| = {diff8 / span:.2%} of the range (VNNI: {vnni})")
+        if vnni:
+            self.assertLessEqual(diff8, QAT_TOL * span)
 
     def test_qat_resume_is_bit_identical(self):
         common = ["--model.hidden=32", "--train.qat=true", "--train.qat_observe_steps=15",
@@ -231,7 +247,9 @@ class Int8(unittest.TestCase):
                              (["--quantize", "int8", "--percentile", "99"], "--percentile"),
                              (["--quantize", "int8", "--calibration", "percentile", "--percentile", "30"], "--percentile"),
                              (["--quantize", "int8", "--calibration", "qat"], "train.qat"),
-                             (["--quantize", "int8", "--calibration-batches", "1000"], "--calibration-batches")):
+                             (["--quantize", "int8", "--calibration-batches", "1000"], "--calibration-batches"),
+                             (["--quantize", "int8", "--weight-type", "int4"], "--weight-type int4"),
+                             (["--weight-type", "int8"], "--quantize int8")):
             p = export(ckpt, out, *extra)
             self.assertEqual(p.returncode, 2, f"{extra}: {p.stdout}{p.stderr}")
             self.assertIn(words, p.stderr, extra)
