@@ -5,7 +5,7 @@
 // same format. Arithmetic: core/Int8.h.
 //   weights   uint8 initializers "<param>_quantized" = q + 128 for the symmetric int8 codes q of
 //             core/Int8.h (WeightType::kUint8, the default; kInt8: int8 q with zero points 0, for
-//             CPUs with VNNI, where ORT's faster uint8 x int8 kernels are exact), f32 scales [C],
+//             CPUs with VNNI, where ORT's uint8 x int8 kernels are exact), f32 scales [C],
 //             uint8 zero points [C] (128) -> DequantizeLinear(axis =
 //             the graph's output-channel axis: 1 for a MatMul's [in, out] weight, 0 for a Conv's
 //             [O, C, KH, KW]). The values are those of int8 weights with zero point 0, but ONNX

@@ -42,7 +42,7 @@ const char* const kExportUsage =
     "    [--calibration-data FILE.h5] [--weight-type uint8|int8]: a QDQ model, int8 weights per output\n"
     "    channel, uint8 activations calibrated on N training batches (qat, the default for a train.qat\n"
     "    checkpoint: its observers); weights stored as uint8 (q + 128, zero point 128: the same result\n"
-    "    on every x86 CPU) or int8 (ONNX Runtime's faster kernels, exact only on CPUs with VNNI)\n";
+    "    on every x86 CPU) or int8 (ONNX Runtime's uint8 x int8 kernels, exact only with VNNI)\n";
 const char* const kLogitsUsage =
     "usage: trainer logits --checkpoint DIR --out FILE.h5 [--data FILE.h5] [--split test] [--first I]\n"
     "         [--count N] [--seq-len T] [--quantize int8] [--device cpu|cuda] [--precision f32|bf16|f16]\n"

@@ -9,7 +9,7 @@
 //   --calibration qat                 the observers a train.qat run checkpointed (its default)
 // Weights are quantized per output channel from the checkpoint's values either way, stored as
 // --weight-type uint8 (q + 128, zero point 128: exact on every x86 CPU; the default) or int8 (zero
-// point 0: ORT's faster uint8 x int8 kernels, exact only on CPUs with VNNI). mlp and cnn
+// point 0: ORT's uint8 x int8 kernels, exact only on CPUs with VNNI). mlp and cnn
 // only (GPT has no int8 path): anything else, or bad options, is a ConfigError naming them, exit 2.
 
 #include <cstdint>
