@@ -129,7 +129,8 @@ case "$what" in
     status=0
     for preset in ${PRESETS:-d24 d48}; do
       for p in bf16 fp8; do
-        REF=$([[ $p == fp8 ]] && echo 1 || echo 0) NAME="$preset-$p" PRESET="$preset" BATCH="${BATCH:-16}"           STEPS="${STEPS:-20}" OUT="$out/gpt" ARGS="--train.precision=$p" bash scripts/bench/gpt_bench.sh 2>&1 |
+        REF=$([[ $p == fp8 ]] && echo 1 || echo 0) NAME="$preset-$p" PRESET="$preset" BATCH="${BATCH:-16}" \
+          STEPS="${STEPS:-20}" OUT="$out/gpt" ARGS="--train.precision=$p" bash scripts/bench/gpt_bench.sh 2>&1 |
           grep -vE "^step|^\[" || status=1
       done
     done

@@ -8,10 +8,14 @@ as QDQ ONNX models run by ONNX Runtime 1.30 (onnxruntime-node, CPU; scripts/onnx
     convolutions as QLinearConv and both poolings as uint8 NhwcMaxPool (no f32 Conv / MaxPool);
   - PTQ: int8 test accuracy within ACC_TOL of the f32 export of the same checkpoint, and the int8
     model's predictions agree with the f32 model's on >= AGREE of the test images;
+  - weights are stored as uint8 q + 128 with zero point 128 (the default: ORT's uint8 x uint8
+    kernels, exact on every x86 CPU) or, with --weight-type int8, as int8 q with zero point 0;
   - QAT: ORT's int8 logits agree with the trainer's own fake-quantized forward (`trainer logits
     --quantize int8`) within QAT_TOL of the logits' range (integer kernels round the convolution's
     requantized output where the fake quantization rounds its f32 output: one step at most), and
-    ORT's int8 accuracy is the trainer's final test accuracy within 1%;
+    ORT's int8 accuracy is the trainer's final test accuracy within 1%; with int8 weights the
+    logits are held to the same only on a CPU with VNNI (elsewhere ORT's uint8 x int8 kernels
+    saturate 16-bit sums);
   - QAT resume: a run stopped and resumed across the observers' freeze step ends bit-identical to
     the uninterrupted one (parameters and observer state);
   - bad input is exit 2 naming the option.
