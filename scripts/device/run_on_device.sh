@@ -131,7 +131,8 @@ case "$what" in
       for p in bf16 fp8; do
         REF=$([[ $p == fp8 ]] && echo 1 || echo 0) NAME="$preset-$p" PRESET="$preset" BATCH="${BATCH:-16}" \
           STEPS="${STEPS:-20}" OUT="$out/gpt" ARGS="--train.precision=$p" bash scripts/bench/gpt_bench.sh 2>&1 |
-          grep -vE "^step|^\[" || status=1
+          grep -vE "^step|^\["
+        [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       done
     done
     exit $status
