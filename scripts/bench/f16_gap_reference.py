@@ -14,7 +14,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
-from gpt_reference import GPT, require  # noqa: E402
+from gpt_reference import GPT, make_adamw, require  # noqa: E402
 
 h5py, np, torch = require("f16_gap_reference.py", "h5py", "numpy", "torch")
 
@@ -42,10 +42,7 @@ def main():
         train = torch.from_numpy(f["train/tokens"][...].astype(np.int64))
         test = torch.from_numpy(f["test/tokens"][...].astype(np.int64))
     model = GPT(256, 256, T, 12, 12, 768).cuda()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    opt = make_adamw(model)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float16
     scaler = torch.amp.GradScaler("cuda", init_scale=65536.0, growth_interval=2000,
                                   enabled=args.precision == "f16")

@@ -66,6 +66,14 @@ class GPT(nn.Module):
         return F.cross_entropy(logits[..., : self.V].float().reshape(-1, self.V), targets.reshape(-1))
 
 
+def make_adamw(model):
+    """llm.c's and meshtrain's GPT AdamW: (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices only, fused."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", required=True)
@@ -85,10 +93,7 @@ def main():
     with h5py.File(args.tokens) as f:
         toks = torch.from_numpy(f["train/tokens"][: B * (T + 1) * args.steps + 1].astype(np.int64))
     model = GPT(V, Vp, T, args.layers, args.heads, args.channels, args.checkpoint).cuda()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    opt = make_adamw(model)
     step_fn = model if args.no_compile else torch.compile(model)
     n = sum(p.numel() for p in model.parameters())
     flops_per_token = 6 * n + 6 * args.layers * args.channels * T
