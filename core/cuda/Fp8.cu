@@ -36,6 +36,12 @@ __device__ inline uint8_t castIntrinsic(float v, Fp8Format f) {
       __nv_cvt_float_to_fp8(v, __NV_SATFINITE, f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
 }
 
+// max(m, |v|) on the float bits (both non-negative, so they order as unsigned integers; a NaN's
+// bits exceed infinity's and win, as in amaxAtomic and on the CPU).
+__device__ inline float absMaxBits(float m, float v) {
+  return __uint_as_float(max(__float_as_uint(m), __float_as_uint(fabsf(v))));
+}
+
 __device__ inline void amaxAtomic(float* amax, float blockAmax) {
   atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(blockAmax));
 }
@@ -56,7 +62,7 @@ __device__ inline void blockAmaxAtomic(float v, float* amax) {
 template <typename T>
 __global__ void amaxKernel(const T* x, int64_t n, float* state) {
   float m = 0.f;
-  MT_GRID_STRIDE(i, n) m = __uint_as_float(max(__float_as_uint(m), __float_as_uint(fabsf(toF32(x[i])))));
+  MT_GRID_STRIDE(i, n) m = absMaxBits(m, toF32(x[i]));
   blockAmaxAtomic(m, state + Fp8State::kAmax);
 }
 
@@ -74,7 +80,7 @@ __global__ void castKernel(const T* x, uint8_t* q, uint8_t* qt, int64_t R, int64
     const int64_t r = r0 + j;
     if (r < R && c < C) {
       const float v = toF32(x[r * C + c]);
-      m = __uint_as_float(max(__float_as_uint(m), __float_as_uint(fabsf(v))));
+      m = absMaxBits(m, v);
       const uint8_t code = castIntrinsic(v * scale, f);
       q[r * C + c] = code;
       tile[j][threadIdx.x] = code;
@@ -129,7 +135,7 @@ __global__ void __launch_bounds__(kVecThreads)
       load8(x + r * C + c, v);
       __align__(8) uint8_t codes[8];
       for (int i = 0; i < 8; ++i) {
-        m = __uint_as_float(max(__float_as_uint(m), __float_as_uint(fabsf(v[i]))));
+        m = absMaxBits(m, v[i]);
         codes[i] = castIntrinsic(v[i] * scale, f);
       }
       const uint2 packed = *reinterpret_cast<const uint2*>(codes);
@@ -156,7 +162,7 @@ __global__ void amaxKernelVec(const T* x, int64_t n8, float* state) {
   MT_GRID_STRIDE(i, n8) {
     float v[8];
     load8(x + i * 8, v);
-    for (int k = 0; k < 8; ++k) m = __uint_as_float(max(__float_as_uint(m), __float_as_uint(fabsf(v[k]))));
+    for (int k = 0; k < 8; ++k) m = absMaxBits(m, v[k]);
   }
   blockAmaxAtomic(m, state + Fp8State::kAmax);
 }
