@@ -36,6 +36,12 @@ const std::vector<EnvParamInfo>& envParamTable() {
        "DGELU GEMM too (DGELU_BGRAD; 8 ms slower per GPT-2 step on the H200's cuBLAS 13); 0 = separate "
        "kernels for all three (same math)",
        0, 2},
+      {EnvParam::kFp8GeluEpilogues, "MT_FP8_GELU_EPILOGUES", "0",
+       "on the GPU with train.precision = fp8: 0 = the GPT MLP's FP8 GEMMs, then the GELU kernels; 1 = the "
+       "GELU in the fc GEMM's epilogue (GELU_AUX_BIAS); 2 = also its derivative in fcProj's input-gradient GEMM "
+       "(DGELU); same math. Default 0: the epilogue kernels measured slower (H100, cuBLAS 13, "
+       "docs/performance.md)",
+       0, 2},
       {EnvParam::kLnKernel, "MT_LN_KERNEL", "1",
        "LayerNorm on the GPU: 1 = warp-per-row kernels with the row in registers (C a multiple of 8, at most "
        "1024); 0 = the generic kernels for every shape (same math, for A/B timing)",

@@ -10,20 +10,21 @@
 namespace mt {
 
 enum class EnvParam : int {
-  kLogLevel,       // MT_LOG_LEVEL
-  kNumThreads,     // MT_NUM_THREADS
-  kCommTimeoutS,   // MT_COMM_TIMEOUT_S
-  kFingerprint,    // MT_DEBUG_FINGERPRINT
-  kHealthPort,     // MT_HEALTH_PORT
-  kNodeSplit,      // MT_NODE_SPLIT
-  kProfileDir,     // MT_PROFILE_DIR
-  kHeartbeatS,     // MT_HEARTBEAT_TIMEOUT_S
-  kGemmEpilogues,  // MT_GEMM_EPILOGUES
-  kLnKernel,       // MT_LN_KERNEL
-  kConvAlgo,       // MT_CONV_ALGO
-  kNcclShareGpu,   // MT_NCCL_SHARE_GPU_FOR_TESTS
-  kTestFault,      // MT_TEST_FAULT
-  kCpuAdam,        // MT_CPU_ADAM
+  kLogLevel,          // MT_LOG_LEVEL
+  kNumThreads,        // MT_NUM_THREADS
+  kCommTimeoutS,      // MT_COMM_TIMEOUT_S
+  kFingerprint,       // MT_DEBUG_FINGERPRINT
+  kHealthPort,        // MT_HEALTH_PORT
+  kNodeSplit,         // MT_NODE_SPLIT
+  kProfileDir,        // MT_PROFILE_DIR
+  kHeartbeatS,        // MT_HEARTBEAT_TIMEOUT_S
+  kGemmEpilogues,     // MT_GEMM_EPILOGUES
+  kFp8GeluEpilogues,  // MT_FP8_GELU_EPILOGUES
+  kLnKernel,          // MT_LN_KERNEL
+  kConvAlgo,          // MT_CONV_ALGO
+  kNcclShareGpu,      // MT_NCCL_SHARE_GPU_FOR_TESTS
+  kTestFault,         // MT_TEST_FAULT
+  kCpuAdam,           // MT_CPU_ADAM
   kCount
 };
 
@@ -37,7 +38,7 @@ struct EnvParamInfo {
 };
 
 const std::vector<EnvParamInfo>& envParamTable();
-std::string envString(EnvParam p);       // value from the environment, else the default
+std::string envString(EnvParam p);  // value from the environment, else the default
 // Throws ConfigError naming the variable if not an integer or outside the table's range.
 int64_t envInt(EnvParam p);
 // MT_* variables present in the environment that are not in the table.

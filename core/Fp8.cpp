@@ -187,13 +187,35 @@ void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st) {
   });
 }
 
-void fp8Gemm(const Fp8GemmArgs& a) {
+namespace {
+
+void checkGemmArgs(const Fp8GemmArgs& a) {
   MT_CHECK(a.A && a.B && a.D && a.sa && a.sb, "fp8 gemm: missing operand");
   MT_CHECK(a.A->numel() == a.M * a.K && a.B->numel() == a.N * a.K && a.D->numel() == a.M * a.N &&
                a.A->dtype() == DType::kU8 && a.B->dtype() == DType::kU8,
            "fp8 gemm M=", a.M, " N=", a.N, " K=", a.K, ": A ", a.A->str(), " B ", a.B->str(), " D ",
            a.D->str());
   MT_CHECK(a.D->dtype() == DType::kF32 || a.D->dtype() == DType::kBF16, "fp8 gemm output ", a.D->str());
+  for (const Tensor* t : {a.C, static_cast<const Tensor*>(a.geluPre), a.dgeluPre})
+    MT_CHECK(!t || (t->numel() == a.D->numel() && t->dtype() == a.D->dtype() && t->device() == a.D->device()),
+             "fp8 gemm: ", t ? t->str() : "", " beside the output ", a.D->str());
+}
+
+}  // namespace
+
+bool fp8GemmGelu(const Fp8GemmArgs& a) {
+  checkGemmArgs(a);
+  MT_CHECK((a.geluPre != nullptr) != (a.dgeluPre != nullptr) && !(a.dgeluPre && a.bias),
+           "fp8 gemm: one GELU epilogue (geluPre, or dgeluPre without a bias)");
+#ifdef MT_WITH_CUDA
+  if (a.D->device().isCuda()) return cuda::fp8GemmGeluOnDevice(a);
+#endif
+  return false;
+}
+
+void fp8Gemm(const Fp8GemmArgs& a) {
+  checkGemmArgs(a);
+  MT_CHECK(!a.geluPre && !a.dgeluPre, "fp8 gemm: the GELU epilogues are fp8GemmGelu's");
   if (a.D->device().isCuda()) {
 #ifdef MT_WITH_CUDA
     cuda::fp8GemmOnDevice(a);
@@ -232,6 +254,7 @@ void fp8Gemm(const Fp8GemmArgs& a) {
   }
   const float* bp = a.bias ? biasValues.data() : nullptr;
   const int64_t N = a.N;
+  const Tensor* c = a.C ? a.C : a.D;
   parallelFor(a.M, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t m = lo; m < hi; ++m)
       for (int64_t n = 0; n < N; ++n) {
@@ -239,13 +262,11 @@ void fp8Gemm(const Fp8GemmArgs& a) {
         float v = s * ap[i];
         if (bp) v += bp[n];
         if (bf16) {
-          BFloat16* d = a.D->data<BFloat16>();
-          if (a.beta != 0.f) v += a.beta * static_cast<float>(d[i]);
-          d[i] = BFloat16(v);
+          if (a.beta != 0.f) v += a.beta * static_cast<float>(c->data<BFloat16>()[i]);
+          a.D->data<BFloat16>()[i] = BFloat16(v);
         } else {
-          float* d = a.D->data<float>();
-          if (a.beta != 0.f) v += a.beta * d[i];
-          d[i] = v;
+          if (a.beta != 0.f) v += a.beta * c->data<float>()[i];
+          a.D->data<float>()[i] = v;
         }
       }
   });

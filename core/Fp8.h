@@ -191,11 +191,11 @@ void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st);
 float amaxCpu(const Tensor& x);
 
 // The FP8 GEMM, TN as cuBLASLt's FP8 kernels require: D[M,N] = sA * sB * (A[M,K] · B[N,K]^T)
-// (+ bias[N]) (+ beta * D), A and B u8 codes in formats fa / fb, sA / sB their scaleInv (device
-// pointers on CUDA), f32 accumulation, D f32 or bf16, the bias read as bf16 (cuBLASLt's FP8
-// kernels take a bf16 bias whatever D is; the emulation rounds it the same way). On the CPU the
-// codes are decoded exactly to f32, multiplied with OpenBLAS in f32 and scaled once, as cuBLASLt
-// applies the scales to the f32 accumulator.
+// (+ bias[N]) (+ beta * C, C = D unless given), A and B u8 codes in formats fa / fb, sA / sB their scaleInv
+// (device pointers on CUDA), f32 accumulation, D f32 or bf16, the bias read as bf16 (cuBLASLt's FP8 kernels
+// take a bf16 bias whatever D is; the emulation rounds it the same way). On the CPU the codes are decoded
+// exactly to f32, multiplied with OpenBLAS in f32 and scaled once, as cuBLASLt applies the scales to the f32
+// accumulator.
 struct Fp8GemmArgs {
   int64_t M = 0, N = 0, K = 0;
   const Tensor* A = nullptr;
@@ -206,11 +206,21 @@ struct Fp8GemmArgs {
   Tensor* D = nullptr;
   const Tensor* bias = nullptr;  // f32 or bf16 [N], read as bf16
   float beta = 0.f;
+  const Tensor* C = nullptr;  // D's shape and dtype: read (times beta) instead of D, e.g. a residual
+  // fp8GemmGelu only, one of: geluPre (D's shape and dtype) written with the sum above and
+  // D = GELU(geluPre) (tanh form); or dgeluPre read and D = sA * sB * (A · B^T) * GELU'(dgeluPre).
+  Tensor* geluPre = nullptr;
+  const Tensor* dgeluPre = nullptr;
   // CUDA: cuBLASLt's FP8 fast accumulation (partial sums not promoted to full f32 every few k
   // steps; Transformer Engine uses it in forward only). No effect on the CPU emulation.
   bool fastAccum = false;
 };
 void fp8Gemm(const Fp8GemmArgs& a);
+// fp8Gemm with the tanh GELU (geluPre) or its derivative (dgeluPre) in cuBLASLt's epilogue, so the
+// GELU costs no pass of its own. False, with nothing done, where there is no such kernel (the CPU
+// emulation has none; a cuBLASLt may lack one for FP8): the caller then runs fp8Gemm and the GELU
+// kernel.
+bool fp8GemmGelu(const Fp8GemmArgs& a);
 
 namespace cuda {
 // The CUDA halves (core/cuda/Fp8.cu), in CUDA builds.
@@ -220,6 +230,7 @@ void fp8DequantizeOnDevice(Tensor& x, const Tensor& q, const Fp8State& st);
 // Element-wise cast with CUDA's own __nv_cvt_float_to_fp8 (tests compare fp8FromFloat with it).
 void fp8CastIntrinsic(Tensor& q, const Tensor& x, Fp8Format f);
 void fp8GemmOnDevice(const Fp8GemmArgs& a);
+bool fp8GemmGeluOnDevice(const Fp8GemmArgs& a);
 }  // namespace cuda
 
 }  // namespace mt

@@ -297,8 +297,10 @@ void fp8CastIntrinsic(Tensor& q, const Tensor& x, Fp8Format f) {
 // cuBLASLt's FP8 rules (Hopper/Ada): TN only (our row-major A[M,K] · B[N,K]^T is its column-major
 // A^T B with both operands K-contiguous), E5M2 x E5M2 unsupported, dimensions and leading
 // dimensions multiples of 16; the A/B scale pointers multiply the f32 accumulator; a D scale
-// exists only for FP8 outputs (ours are bf16/f32); a bf16 bias with a bf16 D.
-void fp8GemmOnDevice(const Fp8GemmArgs& a) {
+// exists only for FP8 outputs (ours are bf16/f32); a bf16 bias with a bf16 D. biasCast holds the
+// bf16 copy of an f32 bias (freed stream-ordered after the GEMM).
+namespace {
+GemmCall fp8Call(const Fp8GemmArgs& a, Tensor& biasCast) {
   MT_CHECK(a.M % 16 == 0 && a.N % 16 == 0 && a.K % 16 == 0, "fp8 gemm M=", a.M, " N=", a.N, " K=", a.K,
            ": cuBLASLt's FP8 kernels need multiples of 16");
   MT_CHECK(!(a.fa == Fp8Format::kE5M2 && a.fb == Fp8Format::kE5M2), "fp8 gemm: E5M2 x E5M2 is not supported");
@@ -309,6 +311,7 @@ void fp8GemmOnDevice(const Fp8GemmArgs& a) {
   g.A = a.A->rawData();
   g.B = a.B->rawData();
   g.C = a.D->rawData();
+  if (a.C) g.Cin = a.C->rawData();
   g.beta = a.beta;
   g.abType = fp8Type(a.fa);
   g.bType = fp8Type(a.fb);
@@ -316,22 +319,27 @@ void fp8GemmOnDevice(const Fp8GemmArgs& a) {
   g.scaleB = a.sb->scaleInvPtr();
   g.cType = a.D->dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   g.fastAccum = a.fastAccum;
-  Tensor biasCast;
-  const void* biasPtr = nullptr;
   if (a.bias) {
     g.epilogue = CUBLASLT_EPILOGUE_BIAS;
     if (a.bias->dtype() == DType::kBF16) {
-      biasPtr = a.bias->rawData();
-    } else {  // cuBLASLt's FP8 kernels take a bf16 bias (freed stream-ordered after the GEMM)
+      g.bias = a.bias->rawData();
+    } else {
       biasCast = Tensor::empty(a.bias->shape(), DType::kBF16, a.bias->device());
       convertInto(biasCast, *a.bias);
-      biasPtr = biasCast.rawData();
+      g.bias = biasCast.rawData();
     }
-    g.bias = biasPtr;
   }
+  return g;
+}
+}  // namespace
+
+void fp8GemmOnDevice(const Fp8GemmArgs& a) {
+  Tensor biasCast;
+  GemmCall g = fp8Call(a, biasCast);
   if (tryGemm(g)) return;
   MT_CHECK(a.bias != nullptr, "cuBLASLt has no FP8 algorithm for GEMM M=", a.M, " N=", a.N, " K=", a.K);
   // No FP8 kernel with this bias epilogue here: the GEMM, then the (bf16-rounded) bias added in f32.
+  const void* biasPtr = g.bias;
   g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   g.bias = nullptr;
   gemm(g);
@@ -343,6 +351,22 @@ void fp8GemmOnDevice(const Fp8GemmArgs& a) {
     addBiasKernel<<<gridFor1d(n), 256, 0, currentStream()>>>(
         a.D->data<float>(), static_cast<const __nv_bfloat16*>(biasPtr), n, a.N);
   checkLaunch();
+}
+
+// GELU_AUX(_BIAS) writes the pre-activation as its aux matrix and GELU of it as D; DGELU reads the
+// pre-activation as aux and multiplies the product by GELU' of it. The aux matrix has D's type.
+bool fp8GemmGeluOnDevice(const Fp8GemmArgs& a) {
+  Tensor biasCast;
+  GemmCall g = fp8Call(a, biasCast);
+  if (a.geluPre) {
+    g.epilogue = a.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    g.aux = a.geluPre->rawData();
+  } else {
+    g.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    g.aux = const_cast<void*>(a.dgeluPre->rawData());
+  }
+  g.ldAux = a.N;
+  return tryGemm(g);
 }
 
 }  // namespace mt::cuda

@@ -3,7 +3,9 @@
 #include <optional>
 
 #include "core/Check.h"
+#include "core/EnvParams.h"
 #include "core/Parallel.h"
+#include "models/layers/Activation.h"
 
 #ifdef MT_WITH_CUDA
 #include "models/kernels/CudaLayers.h"
@@ -69,48 +71,78 @@ int64_t Fp8Linear::cachedBytes() const {
   return (xt_.defined() ? xt_.numel() : 0) + (wt_.defined() ? wt_.numel() : 0);
 }
 
-void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual,
-                        Mode mode) {
+std::pair<const Fp8State*, const Fp8State*> Fp8Linear::castOperands(Tensor& qx, Tensor& qw, const Tensor& x,
+                                                                    const Tensor& w, Mode mode,
+                                                                    std::optional<Fp8State>* scratch) {
   const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
   const Device d = x.device();
-  MT_CHECK(x.dim(-1) == I && y.numel() == N * O && supports(N, I, O, d), "fp8 linear shapes x=", x.str(),
-           " w=", w.str(), " y=", y.str());
+  MT_CHECK(x.dim(-1) == I && supports(N, I, O, d), "fp8 linear shapes x=", x.str(), " w=", w.str());
   onDevice(d);
   const Tensor x2 = x.view({N, I});
-  Tensor qx = codes({N, I}, d), qw = codes({O, I}, d);
-  std::optional<Fp8State> ex, ew;  // evaluation: scratch states, current scaling
-  const Fp8State* sx = &sx_;
-  const Fp8State* sw = &sw_;
-  if (mode == Mode::kEval) {
+  qx = codes({N, I}, d);
+  qw = codes({O, I}, d);
+  if (mode == Mode::kEval) {  // scratch states with current scaling: the training state stays as it is
     Fp8Options o = cfg_.options;
     o.recipe = Fp8Recipe::kCurrent;
-    ex.emplace(Fp8Format::kE4M3, o, d);
-    ew.emplace(Fp8Format::kE4M3, o, d);
-    fp8Quantize(qx, x2, *ex, nullptr);
-    fp8Quantize(qw, w, *ew, nullptr);
-    sx = &*ex, sw = &*ew;
-  } else {
-    xt_ = codes({I, N}, d);
-    wt_ = codes({I, O}, d);
-    if (mode == Mode::kReplay) {
-      fp8QuantizeReplay(qx, x2, sx_, &xt_);
-      fp8QuantizeReplay(qw, w, sw_, &wt_);
-    } else {
-      fp8Quantize(qx, x2, sx_, &xt_);
-      fp8Quantize(qw, w, sw_, &wt_);
-    }
+    scratch[0].emplace(Fp8Format::kE4M3, o, d);
+    scratch[1].emplace(Fp8Format::kE4M3, o, d);
+    fp8Quantize(qx, x2, *scratch[0], nullptr);
+    fp8Quantize(qw, w, *scratch[1], nullptr);
+    return {&*scratch[0], &*scratch[1]};
   }
+  xt_ = codes({I, N}, d);
+  wt_ = codes({I, O}, d);
+  if (mode == Mode::kReplay) {
+    fp8QuantizeReplay(qx, x2, sx_, &xt_);
+    fp8QuantizeReplay(qw, w, sw_, &wt_);
+  } else {
+    fp8Quantize(qx, x2, sx_, &xt_);
+    fp8Quantize(qw, w, sw_, &wt_);
+  }
+  return {&sx_, &sw_};
+}
+
+void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual,
+                        Mode mode) {
+  const int64_t O = w.dim(0), N = x.numel() / w.dim(1);
+  MT_CHECK(y.numel() == N * O, "fp8 linear output ", y.str(), " for x=", x.str(), " w=", w.str());
+  Tensor qx, qw;
+  std::optional<Fp8State> scratch[2];
+  const auto [sx, sw] = castOperands(qx, qw, x, w, mode, scratch);
   Tensor y2 = y.view({N, O});
-  if (residual) {
+  Tensor r2;
+  Fp8GemmArgs g = gemmArgs(N, O, w.dim(1), qx, Fp8Format::kE4M3, *sx, qw, Fp8Format::kE4M3, *sw, y2);
+  if (residual) {  // read as the GEMM's C (beta = 1)
     MT_CHECK(residual->dtype() == y.dtype() && residual->numel() == y.numel(), "fp8 linear residual ",
              residual->str(), " for ", y.str());
-    y2.copyFrom(residual->view({N, O}));
+    r2 = residual->view({N, O});
+    g.C = &r2;
+    g.beta = 1.f;
   }
-  Fp8GemmArgs g = gemmArgs(N, O, I, qx, Fp8Format::kE4M3, *sx, qw, Fp8Format::kE4M3, *sw, y2);
   g.bias = b;
-  g.beta = residual ? 1.f : 0.f;
   g.fastAccum = true;  // forward only, as Transformer Engine: gradients keep the promoted sums
   fp8Gemm(g);
+}
+
+void Fp8Linear::forwardGelu(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b,
+                            Mode mode) {
+  const int64_t O = w.dim(0), N = x.numel() / w.dim(1);
+  MT_CHECK(y.numel() == N * O && pre.numel() == y.numel() && pre.dtype() == y.dtype(),
+           "fp8 linear+GELU output ", y.str(), " and pre-activation ", pre.str(), " for x=", x.str(),
+           " w=", w.str());
+  Tensor qx, qw;
+  std::optional<Fp8State> scratch[2];
+  const auto [sx, sw] = castOperands(qx, qw, x, w, mode, scratch);
+  Tensor y2 = y.view({N, O}), pre2 = pre.view({N, O});
+  Fp8GemmArgs g = gemmArgs(N, O, w.dim(1), qx, Fp8Format::kE4M3, *sx, qw, Fp8Format::kE4M3, *sw, y2);
+  g.bias = b;
+  g.fastAccum = true;
+  g.geluPre = &pre2;
+  if (envInt(EnvParam::kFp8GeluEpilogues) >= 1 && fp8GemmGelu(g)) return;
+  g.geluPre = nullptr;  // no FP8 GELU epilogue: the GEMM into pre, then the GELU kernel
+  g.D = &pre2;
+  fp8Gemm(g);
+  geluForward(y, pre, GeluKind::kTanh);
 }
 
 void Fp8Linear::restore(const Tensor& x, const Tensor& w) {
@@ -126,6 +158,18 @@ void Fp8Linear::restore(const Tensor& x, const Tensor& w) {
 
 void Fp8Linear::backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
                          const Tensor* dyColSum) {
+  backwardGemms(dx, nullptr, dw, db, dy, w, dyColSum);
+}
+
+void Fp8Linear::backwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
+                              const Tensor& pre) {
+  MT_CHECK(pre.numel() == dpre.numel() && pre.dtype() == dpre.dtype(), "fp8 linear+dGELU: pre-activation ",
+           pre.str(), ", its gradient ", dpre.str());
+  backwardGemms(&dpre, &pre, dw, db, dy, w, nullptr);
+}
+
+void Fp8Linear::backwardGemms(Tensor* dx, const Tensor* pre, Tensor& dw, Tensor* db, const Tensor& dy,
+                              const Tensor& w, const Tensor* dyColSum) {
   MT_CHECK(xt_.defined() && wt_.defined(), "fp8 linear backward without a training forward");
   const int64_t O = w.dim(0), I = w.dim(1), N = xt_.dim(1);
   const Device d = dy.device();
@@ -134,7 +178,20 @@ void Fp8Linear::backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, c
   fp8Quantize(qdy, dy.view({N, O}), sdy_, &qdyt);
   if (dx) {
     Tensor dx2 = dx->view({N, I});
-    fp8Gemm(gemmArgs(N, I, O, qdy, cfg_.gradFormat, sdy_, wt_, Fp8Format::kE4M3, sw_, dx2));
+    Fp8GemmArgs g = gemmArgs(N, I, O, qdy, cfg_.gradFormat, sdy_, wt_, Fp8Format::kE4M3, sw_, dx2);
+    if (pre) {  // dx = (dy W) * GELU'(pre): the DGELU epilogue, else the GEMM then the GELU kernel
+      const Tensor pre2 = pre->view({N, I});
+      g.dgeluPre = &pre2;
+      if (envInt(EnvParam::kFp8GeluEpilogues) < 2 || !fp8GemmGelu(g)) {
+        Tensor dg = Tensor::empty({N, I}, DType::kF32, d);  // f32: the path measured and tested on the GPU
+        g.dgeluPre = nullptr;
+        g.D = &dg;
+        fp8Gemm(g);
+        geluBackward(dx2, dg, pre2, GeluKind::kTanh);
+      }
+    } else {
+      fp8Gemm(g);
+    }
   }
   Fp8GemmArgs g = gemmArgs(O, I, N, qdyt, cfg_.gradFormat, sdy_, xt_, Fp8Format::kE4M3, sx_, dw);
   g.beta = 1.f;

@@ -17,6 +17,7 @@
 // On the GPU cuBLASLt needs N, I and O multiples of 16 (supports()); a call that is not runs the
 // layer's bf16 path. The CPU emulation takes any shape.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,11 +41,20 @@ class Fp8Linear {
   // x^T and W^T for backward.
   void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual,
                Mode mode);
+  // y = GELU(x W^T + b) (tanh form) with pre = x W^T + b kept for backwardDGelu (y's shape and
+  // dtype): the GEMM into pre, then the GELU kernel; with MT_FP8_GELU_EPILOGUES >= 1 one GEMM
+  // where cuBLASLt has the FP8 GELU_AUX_BIAS epilogue (slower on the H100, so not the default).
+  void forwardGelu(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b, Mode mode);
   // What forward(kReplay) keeps, without the GEMM (the layer's output was kept).
   void restore(const Tensor& x, const Tensor& w);
   // dx (optional, f32 or bf16) overwritten; dw, db accumulate. dyColSum: colsum(dy) already made.
   void backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
                 const Tensor* dyColSum);
+  // For a layer whose input was GELU(pre): dpre = (dy W) * GELU'(pre) (overwritten; pre's dtype):
+  // the input-gradient GEMM in f32, then the GELU kernel; with MT_FP8_GELU_EPILOGUES = 2
+  // its DGELU epilogue where cuBLASLt has it. dw, db as in backward.
+  void backwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
+                     const Tensor& pre);
   bool holdsCache() const { return xt_.defined(); }
   void clear() {
     xt_ = Tensor();
@@ -58,6 +68,13 @@ class Fp8Linear {
 
  private:
   void onDevice(Device d);
+  // The casts of x and W (kTrain / kReplay also keep x^T and W^T); the scaling states they used:
+  // the layer's, or for kEval the two scratch states made in scratch[0..1].
+  std::pair<const Fp8State*, const Fp8State*> castOperands(Tensor& qx, Tensor& qw, const Tensor& x,
+                                                           const Tensor& w, Mode mode,
+                                                           std::optional<Fp8State>* scratch);
+  void backwardGemms(Tensor* dx, const Tensor* pre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
+                     const Tensor* dyColSum);
   Fp8Training cfg_;
   Fp8State sx_, sw_, sdy_;
   Tensor xt_, wt_;  // codes of x^T [I,N] and W^T [I,O], kept from forward for backward

@@ -127,12 +127,11 @@ Tensor Linear::forwardAdd(const Tensor& x, const Tensor& residual, Context& ctx)
 Tensor Linear::forwardGelu(const Tensor& x, Context& ctx, Tensor* pre) {
   Shape outShape = x.shape();
   outShape.back() = out_;
-  if (fp8For(x)) {  // the FP8 GEMM, then the GELU kernel (no FP8 GELU epilogue yet)
+  if (fp8For(x)) {
     const DType t = outputDType(x.device());
     Tensor y = Tensor::empty(outShape, t, x.device());
     *pre = Tensor::empty(outShape, t, x.device());
-    fp8_->forward(*pre, x, w_->value, b_ ? &b_->value : nullptr, nullptr, fp8Mode(ctx));
-    geluForward(y, *pre, GeluKind::kTanh);
+    fp8_->forwardGelu(y, *pre, x, w_->value, b_ ? &b_->value : nullptr, fp8Mode(ctx));
     return y;
   }
   Tensor xo = castTo(x, matmulDType(x.device()));
@@ -156,11 +155,9 @@ void Linear::restoreInput(const Tensor& x, Context& ctx) {
 }
 
 Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&, Tensor* preColSum) {
-  if (fp8_ && fp8_->holdsCache()) {  // dpre = (dy W) * GELU'(pre): the FP8 GEMM, then the GELU kernel
-    Tensor dg = Tensor::empty(pre.shape(), DType::kF32, pre.device());
-    fp8_->backward(&dg, w_->grad, b_ ? &b_->grad : nullptr, dy, w_->value, nullptr);
+  if (fp8_ && fp8_->holdsCache()) {  // dpre = (dy W) * GELU'(pre)
     Tensor dpre = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
-    geluBackward(dpre, dg, pre, GeluKind::kTanh);
+    fp8_->backwardDGelu(dpre, w_->grad, b_ ? &b_->grad : nullptr, dy, w_->value, pre);
     return dpre;  // *preColSum stays undefined: the caller sums the columns itself
   }
   MT_CHECK(x_.defined(), "Linear::backward without a training forward");

@@ -5,7 +5,9 @@
 //  - the quantize kernels (cast + fused amax, transposed copy, scale updates, both recipes over
 //    several steps): codes bitwise, scales within 1e-6 (they are expected bitwise too);
 //  - the FP8 cuBLASLt GEMM (E4M3 x E4M3 -> bf16 with bias, E5M2 x E4M3 -> f32 accumulating)
-//    against the CPU emulation, to f32 summation order and the bf16 output's rounding.
+//    against the CPU emulation, to f32 summation order and the bf16 output's rounding;
+//  - its GELU epilogues (fp8GemmGelu: GELU_AUX_BIAS in forward, DGELU in backward) and a residual
+//    read as C, against the emulated GEMM and the tanh GELU in double.
 
 #include <gtest/gtest.h>
 
@@ -213,6 +215,118 @@ TEST(CudaFp8, GemmMatchesTheEmulation) {
     // 6.5e-4 of the largest output, 2026-12-05); 2e-3 still catches a wrong scale or layout.
     EXPECT_LT(worst, c.out == DType::kBF16 ? 1.0 / 128 : 2e-3);
   }
+}
+
+// Quantizes a (f32 [R,C]) with current scaling on the CPU and on the GPU (same codes and scale).
+struct QuantPair {
+  Fp8State cpuState, gpuState;
+  Tensor codesCpu, codesGpu;
+  QuantPair(const Tensor& a, Fp8Format f, const Fp8Options& o)
+      : cpuState(f, o, Device::cpu()),
+        gpuState(f, o, gpu()),
+        codesCpu(Tensor::empty(a.shape(), DType::kU8)),
+        codesGpu(Tensor::empty(a.shape(), DType::kU8, gpu())) {
+    fp8Quantize(codesCpu, a, cpuState, nullptr);
+    fp8Quantize(codesGpu, a.to(gpu()), gpuState, nullptr);
+  }
+};
+
+double valueAt(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kBF16 ? static_cast<float>(t.data<BFloat16>()[i]) : t.data<float>()[i];
+}
+
+double geluTanh(double v) {
+  return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+}
+double geluTanhGrad(double v) {
+  const double t = std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v));
+  return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * v * v);
+}
+
+// worst |got - want| / max |want| over the elements (got on the GPU; want a host vector).
+double worstRelative(const Tensor& gotDevice, const std::vector<double>& want) {
+  const Tensor got = gotDevice.to(Device::cpu());
+  double scale = 0, worst = 0;
+  for (double w : want)
+    scale = std::max(scale, std::fabs(w));
+  for (int64_t i = 0; i < got.numel(); ++i)
+    worst = std::max(worst, std::fabs(valueAt(got, i) - want[static_cast<size_t>(i)]) / scale);
+  return worst;
+}
+
+TEST(CudaFp8, GeluEpiloguesAndResidualMatchTheEmulation) {
+  const int64_t M = 96, N = 160, K = 256;
+  Fp8Options o;
+  o.recipe = Fp8Recipe::kCurrent;
+  const Tensor a = wave(M, K, 2.f, 1, DType::kF32), b = wave(N, K, 0.3f, 2, DType::kF32);
+  QuantPair qa(a, Fp8Format::kE4M3, o), qb(b, Fp8Format::kE4M3, o), qd(a, Fp8Format::kE5M2, o);
+  const Tensor bias = wave(1, N, 1.f, 3, DType::kF32).view({N}), biasG = bias.to(gpu());
+  auto args = [&](QuantPair& x, bool onGpu, Tensor* d) {
+    Fp8GemmArgs g;
+    g.M = M, g.N = N, g.K = K, g.fa = x.cpuState.format(), g.fb = Fp8Format::kE4M3, g.D = d;
+    g.A = onGpu ? &x.codesGpu : &x.codesCpu, g.B = onGpu ? &qb.codesGpu : &qb.codesCpu;
+    g.sa = onGpu ? &x.gpuState : &x.cpuState, g.sb = onGpu ? &qb.gpuState : &qb.cpuState;
+    return g;
+  };
+  // Forward: y = GELU(A B^T + bias), pre = A B^T + bias (bf16), in the epilogue.
+  Tensor pre = Tensor::empty({M, N}, DType::kBF16);
+  Fp8GemmArgs c = args(qa, false, &pre);
+  c.bias = &bias;
+  fp8Gemm(c);
+  Tensor yCpu = pre.clone();
+  Fp8GemmArgs ce = c;
+  ce.D = &yCpu, ce.geluPre = &pre;
+  EXPECT_FALSE(fp8GemmGelu(ce)) << "the CPU emulation has no GELU epilogue: the layer runs the GEMM, then the GELU kernel";
+  Tensor yG = Tensor::empty({M, N}, DType::kBF16, gpu()), preG = Tensor::empty({M, N}, DType::kBF16, gpu());
+  Fp8GemmArgs g = args(qa, true, &yG);
+  g.bias = &biasG;
+  g.geluPre = &preG;
+  if (!fp8GemmGelu(g)) GTEST_SKIP() << "this cuBLASLt has no FP8 GELU_AUX_BIAS kernel (the layer falls back)";
+  std::vector<double> wantPre(static_cast<size_t>(M * N)), wantY(wantPre.size());
+  for (int64_t i = 0; i < M * N; ++i) {
+    wantPre[static_cast<size_t>(i)] = valueAt(pre, i);
+    wantY[static_cast<size_t>(i)] = geluTanh(valueAt(pre, i));
+  }
+  const double ePre = worstRelative(preG, wantPre), eY = worstRelative(yG, wantY);
+  // DGELU: dx = (dy W) * GELU'(pre), dy in E5M2.
+  Tensor prod = Tensor::empty({M, N}, DType::kF32);
+  Fp8GemmArgs cd = args(qd, false, &prod);
+  fp8Gemm(cd);
+  Tensor dxG = Tensor::empty({M, N}, DType::kBF16, gpu());
+  Fp8GemmArgs gd = args(qd, true, &dxG);
+  const Tensor preForBackward = pre.to(gpu());
+  gd.dgeluPre = &preForBackward;
+  const bool dgelu = fp8GemmGelu(gd);
+  double eD = 0;
+  if (dgelu) {
+    std::vector<double> want(wantPre.size());
+    for (int64_t i = 0; i < M * N; ++i)
+      want[static_cast<size_t>(i)] = prod.data<float>()[i] * geluTanhGrad(valueAt(pre, i));
+    eD = worstRelative(dxG, want);
+  }
+  // A residual read as C, D left as garbage: D = A B^T + bias + C.
+  const Tensor res = wave(M, N, 4.f, 4, DType::kBF16);
+  Tensor dr = Tensor::empty({M, N}, DType::kBF16);
+  Fp8GemmArgs cr = args(qa, false, &dr);
+  cr.bias = &bias, cr.C = &res, cr.beta = 1.f;
+  fp8Gemm(cr);
+  Tensor drG = Tensor::empty({M, N}, DType::kBF16, gpu()), resG = res.to(gpu());
+  Fp8GemmArgs gr = args(qa, true, &drG);
+  gr.bias = &biasG, gr.C = &resG, gr.beta = 1.f;
+  fp8Gemm(gr);
+  std::vector<double> wantR(wantPre.size());
+  for (int64_t i = 0; i < M * N; ++i)
+    wantR[static_cast<size_t>(i)] = valueAt(dr, i);
+  const double eR = worstRelative(drG, wantR);
+  std::printf("fp8 gemm epilogues: GELU_AUX_BIAS pre %.3g, GELU %.3g; DGELU %s %.3g; residual as C %.3g "
+              "(worst |gpu - emulation| / max)\n",
+              ePre, eY, dgelu ? "fused" : "absent (the layer falls back)", eD, eR);
+  // One bf16 rounding apart where the f32 sums straddle it (the GEMM above); cuBLASLt's GELU is
+  // its own tanh approximation in f32, well inside that.
+  EXPECT_LT(ePre, 1.0 / 128);
+  EXPECT_LT(eY, 1.0 / 128);
+  EXPECT_LT(eD, 1.0 / 128);
+  EXPECT_LT(eR, 1.0 / 128);
 }
 
 }  // namespace
