@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/Error.h"
 #include "core/Fp8.h"
 
 namespace mt {
@@ -264,6 +265,29 @@ TEST(Fp8, GemmEmulationIsTheScaledProductOfTheDecodedCodes) {
     }
   // And the quantization itself stays near the f32 product (E5M2: 2 mantissa bits).
   EXPECT_LT(worst, 0.05);
+
+  // C given (a residual): read instead of D, which may hold anything. The same as D holding C.
+  Tensor C = Tensor::empty({M, N}, DType::kBF16), viaD = Tensor::empty({M, N}, DType::kBF16);
+  for (int64_t i = 0; i < M * N; ++i) {
+    C.data<BFloat16>()[i] = BFloat16(std::sin(0.05f * static_cast<float>(i)));
+    viaD.data<BFloat16>()[i] = C.data<BFloat16>()[i];
+    D.data<BFloat16>()[i] = BFloat16(1e4f);
+  }
+  g.beta = 1.f;
+  g.C = &C;
+  fp8Gemm(g);
+  g.C = nullptr;
+  g.D = &viaD;
+  fp8Gemm(g);
+  for (int64_t i = 0; i < M * N; ++i)
+    ASSERT_EQ(static_cast<float>(D.data<BFloat16>()[i]), static_cast<float>(viaD.data<BFloat16>()[i])) << i;
+  // The CPU emulation has no GELU epilogue: fp8GemmGelu says so and leaves D alone.
+  Tensor pre = Tensor::empty({M, N}, DType::kBF16);
+  g.C = nullptr, g.beta = 0.f, g.D = &D, g.geluPre = &pre;
+  const float before = static_cast<float>(D.data<BFloat16>()[0]);
+  EXPECT_FALSE(fp8GemmGelu(g));
+  EXPECT_EQ(static_cast<float>(D.data<BFloat16>()[0]), before);
+  EXPECT_THROW(fp8Gemm(g), InternalError);  // the epilogue fields belong to fp8GemmGelu
 }
 
 }  // namespace
