@@ -55,7 +55,8 @@ Fp8Linear::Fp8Linear(const Fp8Training& t)
     : cfg_(t),
       sx_(Fp8Format::kE4M3, t.options, Device::cpu()),
       sw_(Fp8Format::kE4M3, t.options, Device::cpu()),
-      sdy_(t.gradFormat, t.options, Device::cpu()) {}
+      sdy_(t.gradFormat, t.options, Device::cpu()),
+      geluEpilogues_(static_cast<int>(envInt(EnvParam::kFp8GeluEpilogues))) {}
 
 bool Fp8Linear::supports(int64_t rows, int64_t in, int64_t out, Device d) {
   return d.isCpu() || (rows % 16 == 0 && in % 16 == 0 && out % 16 == 0);
@@ -138,7 +139,7 @@ void Fp8Linear::forwardGelu(Tensor& y, Tensor& pre, const Tensor& x, const Tenso
   g.bias = b;
   g.fastAccum = true;
   g.geluPre = &pre2;
-  if (envInt(EnvParam::kFp8GeluEpilogues) >= 1 && fp8GemmGelu(g)) return;
+  if (geluEpilogues_ >= 1 && fp8GemmGelu(g)) return;
   g.geluPre = nullptr;  // no FP8 GELU epilogue: the GEMM into pre, then the GELU kernel
   g.D = &pre2;
   fp8Gemm(g);
@@ -182,7 +183,7 @@ void Fp8Linear::backwardGemms(Tensor* dx, const Tensor* pre, Tensor& dw, Tensor*
     if (pre) {  // dx = (dy W) * GELU'(pre): the DGELU epilogue, else the GEMM then the GELU kernel
       const Tensor pre2 = pre->view({N, I});
       g.dgeluPre = &pre2;
-      if (envInt(EnvParam::kFp8GeluEpilogues) < 2 || !fp8GemmGelu(g)) {
+      if (geluEpilogues_ < 2 || !fp8GemmGelu(g)) {
         Tensor dg = Tensor::empty({N, I}, DType::kF32, d);  // f32: the path measured and tested on the GPU
         g.dgeluPre = nullptr;
         g.D = &dg;

@@ -77,7 +77,8 @@ class Fp8Linear {
                      const Tensor* dyColSum);
   Fp8Training cfg_;
   Fp8State sx_, sw_, sdy_;
-  Tensor xt_, wt_;  // codes of x^T [I,N] and W^T [I,O], kept from forward for backward
+  Tensor xt_, wt_;     // codes of x^T [I,N] and W^T [I,O], kept from forward for backward
+  int geluEpilogues_;  // MT_FP8_GELU_EPILOGUES, read once (a bad value fails at model setup)
 };
 
 // db[O] += colsum(dy [N,O]) (f32 db; dy f32 or, on the GPU, bf16/f16): the bias gradient of a

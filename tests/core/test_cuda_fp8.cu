@@ -152,13 +152,15 @@ TEST(CudaFp8, QuantizeKernelsMatchTheEmulation) {
       }
 }
 
+// Element i of a host f32 or bf16 tensor.
+double valueAt(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kBF16 ? static_cast<float>(t.data<BFloat16>()[i]) : t.data<float>()[i];
+}
+
 double maxAbs(const Tensor& t) {
   double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double v =
-        t.dtype() == DType::kBF16 ? static_cast<float>(t.data<BFloat16>()[i]) : t.data<float>()[i];
-    m = std::max(m, std::fabs(v));
-  }
+  for (int64_t i = 0; i < t.numel(); ++i)
+    m = std::max(m, std::fabs(valueAt(t, i)));
   return m;
 }
 
@@ -201,11 +203,7 @@ TEST(CudaFp8, GemmMatchesTheEmulation) {
     const double scale = maxAbs(dc);
     double worst = 0;
     for (int64_t i = 0; i < M * N; ++i) {
-      const double x =
-          c.out == DType::kBF16 ? static_cast<float>(got.data<BFloat16>()[i]) : got.data<float>()[i];
-      const double y =
-          c.out == DType::kBF16 ? static_cast<float>(dc.data<BFloat16>()[i]) : dc.data<float>()[i];
-      worst = std::max(worst, std::fabs(x - y) / scale);
+      worst = std::max(worst, std::fabs(valueAt(got, i) - valueAt(dc, i)) / scale);
     }
     std::printf("fp8 gemm %s x %s -> %s: worst |gpu - emulation| / max = %.3g\n",
                 enumName(fp8Formats(), c.fa), enumName(fp8Formats(), c.fb), dtypeName(c.out), worst);
@@ -230,10 +228,6 @@ struct QuantPair {
     fp8Quantize(codesGpu, a.to(gpu()), gpuState, nullptr);
   }
 };
-
-double valueAt(const Tensor& t, int64_t i) {
-  return t.dtype() == DType::kBF16 ? static_cast<float>(t.data<BFloat16>()[i]) : t.data<float>()[i];
-}
 
 double geluTanh(double v) {
   return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
