@@ -36,12 +36,20 @@ const std::vector<EnvParamInfo>& envParamTable() {
        "DGELU GEMM too (DGELU_BGRAD; 8 ms slower per GPT-2 step on the H200's cuBLAS 13); 0 = separate "
        "kernels for all three (same math)",
        0, 2},
-      {EnvParam::kFp8GeluEpilogues, "MT_FP8_GELU_EPILOGUES", "0",
-       "on the GPU with train.precision = fp8: 0 = the GPT MLP's FP8 GEMMs, then the GELU kernels; 1 = the "
-       "GELU in the fc GEMM's epilogue (GELU_AUX_BIAS); 2 = also its derivative in fcProj's input-gradient GEMM "
-       "(DGELU); same math. Default 0: the epilogue kernels measured slower (H100, cuBLAS 13, "
-       "docs/performance.md)",
-       0, 2},
+      {EnvParam::kGemmAutotune, "MT_GEMM_AUTOTUNE", "0",
+       "GPU: 1 = each cuBLASLt GEMM shape's first call times the heuristic's (up to 8) algorithms and keeps the "
+       "fastest; 0 = the heuristic's first (runs are then bitwise reproducible: timing may pick another algorithm "
+       "from run to run)",
+       0, 1},
+      {EnvParam::kFp8Gelu, "MT_FP8_GELU", "3",
+       "the GPT MLP's GELU with train.precision = fp8 (same math in each): 3 = inside the FP8 casts, where "
+       "fc and fcProj both run in FP8 (fcProj's input cast reads the pre-activation and applies the GELU; fc's "
+       "gradient cast reads fcProj's input gradient and the pre-activation and also sums fc's bias gradient), "
+       "so neither the GELU's output nor its gradient is written; 0 = the FP8 GEMMs, then the GELU kernels, "
+       "then the casts; on the GPU 1 = as 0 but the GELU in the fc GEMM's epilogue (cuBLASLt GELU_AUX_BIAS), "
+       "2 = also its derivative in fcProj's input-gradient GEMM (DGELU). 1 and 2 measured slower than 0 (H100, "
+       "cuBLAS 13, docs/performance.md)",
+       0, 3},
       {EnvParam::kLnKernel, "MT_LN_KERNEL", "1",
        "LayerNorm on the GPU: 1 = warp-per-row kernels with the row in registers (C a multiple of 8, at most "
        "1024); 0 = the generic kernels for every shape (same math, for A/B timing)",

@@ -19,7 +19,8 @@ enum class EnvParam : int {
   kProfileDir,        // MT_PROFILE_DIR
   kHeartbeatS,        // MT_HEARTBEAT_TIMEOUT_S
   kGemmEpilogues,     // MT_GEMM_EPILOGUES
-  kFp8GeluEpilogues,  // MT_FP8_GELU_EPILOGUES
+  kGemmAutotune,      // MT_GEMM_AUTOTUNE
+  kFp8Gelu,           // MT_FP8_GELU
   kLnKernel,          // MT_LN_KERNEL
   kConvAlgo,          // MT_CONV_ALGO
   kNcclShareGpu,      // MT_NCCL_SHARE_GPU_FOR_TESTS

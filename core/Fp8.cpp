@@ -8,6 +8,7 @@
 
 #include "core/Check.h"
 #include "core/Gemm.h"
+#include "core/GeluMath.h"
 #include "core/Parallel.h"
 
 namespace mt {
@@ -166,6 +167,84 @@ void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* t
   }
   const float scale = st.values().data<float>()[Fp8State::kScale];
   castCpu(q, x, transposed, scale, st.format());
+}
+
+namespace {
+
+void checkCastInput(const Fp8CastInput& in) {
+  MT_CHECK(in.x != nullptr, "fp8 cast without an input");
+  const Tensor& x = *in.x;
+  if (in.op == Fp8CastOp::kDGelu)
+    MT_CHECK(in.pre && in.pre->numel() == x.numel() && in.pre->device() == x.device() && in.pre->isContiguous() &&
+                 (in.pre->dtype() == DType::kF32 || in.pre->dtype() == DType::kBF16),
+             "fp8 dGELU cast of ", x.str(), ": pre-activation ", in.pre ? in.pre->str() : std::string("missing"));
+  if (in.colSum) {
+    const int64_t cols = x.ndim() ? x.dim(-1) : 1;
+    MT_CHECK(in.op == Fp8CastOp::kDGelu && in.colSum->dtype() == DType::kF32 && in.colSum->numel() == cols &&
+                 in.colSum->device() == x.device(),
+             "fp8 cast of ", x.str(), ": column sums ", in.colSum->str(), " (dGELU casts only, f32 [", cols, "])");
+  }
+}
+
+// What `in` reads, as the tensor a plain cast takes: x itself, or GELU(x) / x * GELU'(pre) in f32
+// (core/GeluMath.h with std::tanh: the CPU GELU layer's values to the bit); colSum from those values
+// (f64 per column in row order, so it does not depend on the thread split).
+Tensor castSourceCpu(const Fp8CastInput& in) {
+  if (in.op == Fp8CastOp::kValue) return *in.x;
+  const Tensor x = in.x->toDType(DType::kF32);
+  const int64_t n = x.numel(), cols = x.ndim() ? x.dim(-1) : 1;
+  Tensor out = Tensor::empty(x.shape(), DType::kF32);
+  const float* xp = x.data<float>();
+  float* op = out.data<float>();
+  if (in.op == Fp8CastOp::kGelu) {
+    parallelFor(n, kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) op[i] = geluFromTanh(xp[i], std::tanh(geluTanhArg(xp[i])));
+    });
+    return out;
+  }
+  const Tensor pre = in.pre->toDType(DType::kF32);
+  const float* pp = pre.data<float>();
+  parallelFor(n, kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) op[i] = xp[i] * geluGradFromTanh(pp[i], std::tanh(geluTanhArg(pp[i])));
+  });
+  if (in.colSum) {
+    float* cs = in.colSum->data<float>();
+    const int64_t rows = n / cols;
+    parallelFor(cols, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        double acc = 0.0;
+        for (int64_t r = 0; r < rows; ++r) acc += op[r * cols + c];
+        cs[c] = static_cast<float>(acc);
+      }
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+void fp8QuantizeFrom(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed) {
+  checkCastInput(in);
+  if (in.op != Fp8CastOp::kValue && in.x->device().isCuda()) {
+#ifdef MT_WITH_CUDA
+    checkCastOperands(q, *in.x, transposed);
+    cuda::fp8QuantizeFusedOnDevice(q, in, st, transposed);
+    return;
+#endif
+  }
+  fp8Quantize(q, castSourceCpu(in), st, transposed);
+}
+
+void fp8QuantizeReplayFrom(Tensor& q, const Fp8CastInput& in, const Fp8State& st, Tensor* transposed) {
+  checkCastInput(in);
+  if (in.op != Fp8CastOp::kValue && in.x->device().isCuda()) {
+#ifdef MT_WITH_CUDA
+    checkCastOperands(q, *in.x, transposed);
+    cuda::fp8QuantizeFusedReplayOnDevice(q, in, st, transposed);
+    return;
+#endif
+  }
+  fp8QuantizeReplay(q, castSourceCpu(in), st, transposed);
 }
 
 void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st) {

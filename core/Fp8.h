@@ -185,6 +185,25 @@ void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed = 
 // The same cast with the scale st holds now (the one the last fp8Quantize used), st unchanged: a
 // recomputation (activation checkpointing) makes the codes its forward made.
 void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed = nullptr);
+// What a cast reads (the fused casts of the GPT MLP: the FP8 input of the layer after the GELU,
+// and the FP8 gradient of the layer before it, made without the GELU's output or its gradient in
+// memory). kValue: x itself. kGelu: GELU(x), tanh form (core/GeluMath.h). kDGelu: x * GELU'(pre),
+// the gradient at the GELU's input from the gradient x at its output and the pre-activation pre
+// (x's shape; f32 or bf16); colSum (optional, f32 [C] for x viewed as [R, C]) is then overwritten
+// with the column sums of that gradient, unquantized, from the same pass (the bias gradient of the
+// layer that made pre). The CPU computes GELU with std::tanh, the GPU with its tanh.approx (relative
+// error ~2^-11, far under E4M3's 2^-4 rounding): a code can then differ from the emulation's by one
+// step where the value lands within that error of a rounding boundary, and the amax in its last bits.
+enum class Fp8CastOp : uint8_t { kValue, kGelu, kDGelu };
+struct Fp8CastInput {
+  const Tensor* x = nullptr;
+  Fp8CastOp op = Fp8CastOp::kValue;
+  const Tensor* pre = nullptr;
+  Tensor* colSum = nullptr;
+};
+// fp8Quantize / fp8QuantizeReplay of what `in` reads.
+void fp8QuantizeFrom(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed = nullptr);
+void fp8QuantizeReplayFrom(Tensor& q, const Fp8CastInput& in, const Fp8State& st, Tensor* transposed = nullptr);
 // x (f32) <- q * scaleInv.
 void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st);
 // max |x| over a f32 or bf16 tensor (NaN propagates as NaN); CPU only.
@@ -226,6 +245,9 @@ namespace cuda {
 // The CUDA halves (core/cuda/Fp8.cu), in CUDA builds.
 void fp8QuantizeOnDevice(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed);
 void fp8QuantizeReplayOnDevice(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed);
+// The kGelu / kDGelu casts of fp8QuantizeFrom and fp8QuantizeReplayFrom.
+void fp8QuantizeFusedOnDevice(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed);
+void fp8QuantizeFusedReplayOnDevice(Tensor& q, const Fp8CastInput& in, const Fp8State& st, Tensor* transposed);
 void fp8DequantizeOnDevice(Tensor& x, const Tensor& q, const Fp8State& st);
 // Element-wise cast with CUDA's own __nv_cvt_float_to_fp8 (tests compare fp8FromFloat with it).
 void fp8CastIntrinsic(Tensor& q, const Tensor& x, Fp8Format f);

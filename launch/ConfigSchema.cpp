@@ -72,6 +72,11 @@ const std::vector<ConfigKey>& configSchema() {
               "once its heartbeat is this many seconds old (one on this machine as soon as its process is gone)"),
       integer("run.seed", "1234", {}, "seed of initialisation, shuffling and dropout"),
       integer("run.log_interval", "100", kPositive, "steps between progress lines and metrics.jsonl step records"),
+      integer("run.profile_from", "0", kNonNegative,
+              "GPU: the step (1-based) at which the CUDA profiler's capture range starts, so `nsys profile "
+              "--capture-range=cudaProfilerApi` or `ncu --profile-from-start off` records run.profile_steps steps "
+              "from there, not the setup and the first step's allocations and plans; 0: off"),
+      integer("run.profile_steps", "1", kPositive, "steps inside the run.profile_from capture range"),
       boolean("run.trace", "false", "write per-step communication timestamps to <run_dir>/trace.jsonl"),
       integer("run.metrics_port", "0", within(0, 65535, false, false),
               "rank 0 serves Prometheus metrics on http://<run.metrics_bind>:<port>/metrics, every rank's figures "

@@ -73,6 +73,8 @@ Settings Settings::fromConfig(const Config& c) {
   s.lockStaleS = static_cast<int>(std::min<int64_t>(c.i64("run.lock_stale_s"), 1 << 30));
   s.seed = static_cast<uint64_t>(c.i64("run.seed"));
   s.logInterval = c.i64("run.log_interval");
+  s.profileFrom = c.i64("run.profile_from");
+  s.profileSteps = c.i64("run.profile_steps");
   s.trace = c.flag("run.trace");
   // MT_LOG_LEVEL wins over run.log_level; an unknown name there is refused, not ignored.
   setLogLevel(envLogLevel(enumOf(c, "run.log_level", logLevels())));

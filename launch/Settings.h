@@ -26,6 +26,7 @@ struct Settings {
   int lockStaleS = 300;         // run.lock_stale_s (launch/RunDirectory.h)
   uint64_t seed = 0;
   int64_t logInterval = 100;
+  int64_t profileFrom = 0, profileSteps = 1;  // run.profile_from (1-based; 0 = off), run.profile_steps
   bool trace = false;
   // model
   ModelConfig model;

@@ -657,6 +657,22 @@ int Trainer::endRun(RunEnd end, int64_t stepsDone, EvalResult last, bool evaluat
   return agreedExitCode(0);
 }
 
+// run.profile_from / run.profile_steps: the CUDA profiler's capture range around those steps.
+void Trainer::profilerRange(int64_t step, bool before) {
+  if (s_.profileFrom <= 0) return;
+  const int64_t first = s_.profileFrom - 1, last = first + s_.profileSteps - 1;
+  if (step != (before ? first : last)) return;
+#ifdef MT_WITH_CUDA
+  if (cuda_) {
+    cuda_->profilerRange(before);
+    if (world_->rank() == 0)
+      MT_LOG_INFO << "CUDA profiler range " << (before ? "started before" : "stopped after") << " step " << step + 1;
+    return;
+  }
+#endif
+  if (before && world_->rank() == 0) MT_LOG_WARN << "run.profile_from: no CUDA device in this run, nothing to profile";
+}
+
 int Trainer::run() {
   // Rank 0 rewrites metrics.jsonl first (seconds for 100k records) while the others wait in the
   // guard's communicator duplication, which dist.timeout_s does not bound, not in the first step.
@@ -679,7 +695,9 @@ int Trainer::run() {
     if (first && world_->rank() == 0)
       MT_LOG_INFO << "step " << step + 1 << " of " << totalSteps_ << " (the first also makes the allocations and kernel plans)";
     Stopwatch firstStep;
+    profilerRange(step, true);
     LossStats stats = trainStep(micro, step);
+    profilerRange(step, false);
     const bool logNow = (step + 1) % s_.logInterval == 0 || step + 1 == totalSteps_;
     if (first || logNow) stats = stats.resolved();  // (an out-of-range target is raised here)
     watchLoss(step, stats);

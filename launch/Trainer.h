@@ -83,6 +83,7 @@ class Trainer {
   void reportInterval(int64_t step, const LossStats& local, double seconds, int64_t steps, double waitSeconds);
   void syncObservers();
   void reportMemory(int64_t step);
+  void profilerRange(int64_t step, bool before);  // run.profile_from: the CUDA profiler capture range
   int64_t stepsPerEpoch() const;
   double lastGpuComputeSeconds();
 

@@ -1,5 +1,7 @@
 #include "core/cuda/CudaRuntime.h"
 
+#include <cuda_profiler_api.h>
+
 #include <atomic>
 
 #include "core/cuda/CudaCheck.h"
@@ -69,5 +71,14 @@ void* CudaRuntime::workspace(size_t bytes) {
 }
 
 void CudaRuntime::synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
+void CudaRuntime::profilerRange(bool on) {
+  if (on) {
+    CUDA_CHECK(cudaProfilerStart());
+    return;
+  }
+  synchronize();
+  CUDA_CHECK(cudaProfilerStop());
+}
 
 }  // namespace mt

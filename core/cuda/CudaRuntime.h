@@ -53,6 +53,10 @@ class CudaRuntime {
   void setMatmulPrecision(MatmulPrecision p) { precision_ = p; }
   MatmulPrecision matmulPrecision() const { return precision_; }
   void synchronize();
+  // The CUDA profiler's capture range (cudaProfilerStart / Stop): what `nsys profile
+  // --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` record. Stop synchronizes
+  // first, so the range holds the work launched inside it.
+  void profilerRange(bool on);
 
  private:
   int device_;

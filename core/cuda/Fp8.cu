@@ -14,6 +14,10 @@
 // codes and scales are bit-identical to the CPU emulation.
 // amax: |x| is non-negative, so its f32 bits order as unsigned integers and atomicMax on them is
 // the float max; a NaN's bits exceed infinity's, so a NaN wins, as on the CPU.
+// The kernels read through a loader (ValueLoad, GeluLoad, DGeluLoad): the fused casts of
+// Fp8CastOp compute GELU(x) or dy * GELU'(pre) in registers on the way to the codes, so the GPT
+// MLP's GELU output and its gradient never go through memory; the dGELU cast also reduces the
+// column sums (fc's bias gradient), per 64-row tile and then in tile order, deterministic.
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -21,6 +25,7 @@
 #include "core/Check.h"
 #include "core/Convert.h"
 #include "core/Fp8.h"
+#include "core/GeluMath.h"
 #include "core/cuda/CudaGemm.h"
 #include "core/cuda/ElementConvert.cuh"
 #include "core/cuda/KernelUtil.cuh"
@@ -59,45 +64,7 @@ __device__ inline void blockAmaxAtomic(float v, float* amax) {
   if (threadIdx.x == 0 && threadIdx.y == 0) amaxAtomic(amax, __uint_as_float(sh));
 }
 
-template <typename T>
-__global__ void amaxKernel(const T* x, int64_t n, float* state) {
-  float m = 0.f;
-  MT_GRID_STRIDE(i, n) m = absMaxBits(m, toF32(x[i]));
-  blockAmaxAtomic(m, state + Fp8State::kAmax);
-}
-
-// x viewed as [R, C]: q[r, c] and (when qt) qt[c, r] = fp8(x[r, c] * scale); amax of x fused when
-// withAmax (the delayed recipe: the scale came from the history, the amax is this tensor's).
-template <typename T>
-__global__ void castKernel(const T* x, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state,
-                           Fp8Format f, bool withAmax) {
-  __shared__ uint8_t tile[kTile][kTile + 4];
-  const float scale = state[Fp8State::kScale];
-  const int64_t c = blockIdx.x * static_cast<int64_t>(kTile) + threadIdx.x;
-  const int64_t r0 = blockIdx.y * static_cast<int64_t>(kTile);
-  float m = 0.f;
-  for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
-    const int64_t r = r0 + j;
-    if (r < R && c < C) {
-      const float v = toF32(x[r * C + c]);
-      m = absMaxBits(m, v);
-      const uint8_t code = castIntrinsic(v * scale, f);
-      q[r * C + c] = code;
-      tile[j][threadIdx.x] = code;
-    }
-  }
-  if (withAmax) blockAmaxAtomic(m, state + Fp8State::kAmax);
-  if (!qt) return;
-  __syncthreads();
-  // Transposed write: thread x runs along r (coalesced in qt's rows).
-  const int64_t rr = r0 + threadIdx.x;
-  for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
-    const int64_t cc = blockIdx.x * static_cast<int64_t>(kTile) + j;
-    if (rr < R && cc < C) qt[cc * R + rr] = tile[threadIdx.x][j];
-  }
-}
-
-// Eight consecutive elements of x (16-byte aligned) as floats.
+// Eight consecutive elements (16-byte aligned) as floats.
 __device__ inline void load8(const __nv_bfloat16* p, float* v) {
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -111,31 +78,129 @@ __device__ inline void load8(const float* p, float* v) {
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+__device__ __forceinline__ float tanhApprox(float u) {
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
+  return t;
+}
+
+// What a cast reads at element i (one, or eight from an index that is a multiple of 8): the
+// tensor itself, GELU of it, or it times GELU' of the pre-activation (Fp8CastOp; core/GeluMath.h).
+template <typename T>
+struct ValueLoad {
+  const T* x;
+  __device__ float one(int64_t i) const { return toF32(x[i]); }
+  __device__ void eight(int64_t i, float* v) const { load8(x + i, v); }
+  bool aligned16() const { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+};
+template <typename T>
+struct GeluLoad {
+  const T* x;
+  __device__ static float f(float v) { return geluFromTanh(v, tanhApprox(geluTanhArg(v))); }
+  __device__ float one(int64_t i) const { return f(toF32(x[i])); }
+  __device__ void eight(int64_t i, float* v) const {
+    load8(x + i, v);
+    for (int k = 0; k < 8; ++k) v[k] = f(v[k]);
+  }
+  bool aligned16() const { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+};
+template <typename T, typename P>
+struct DGeluLoad {
+  const T* dy;
+  const P* pre;
+  __device__ static float f(float d, float p) { return d * geluGradFromTanh(p, tanhApprox(geluTanhArg(p))); }
+  __device__ float one(int64_t i) const { return f(toF32(dy[i]), toF32(pre[i])); }
+  __device__ void eight(int64_t i, float* v) const {
+    float p[8];
+    load8(dy + i, v);
+    load8(pre + i, p);
+    for (int k = 0; k < 8; ++k) v[k] = f(v[k], p[k]);
+  }
+  bool aligned16() const {
+    return reinterpret_cast<uintptr_t>(dy) % 16 == 0 && reinterpret_cast<uintptr_t>(pre) % 16 == 0;
+  }
+};
+
+template <typename Load>
+__global__ void amaxKernel(Load ld, int64_t n, float* state) {
+  float m = 0.f;
+  MT_GRID_STRIDE(i, n) m = absMaxBits(m, ld.one(i));
+  blockAmaxAtomic(m, state + Fp8State::kAmax);
+}
+
+// x viewed as [R, C]: q[r, c] and (when qt) qt[c, r] = fp8(x[r, c] * scale); amax of x fused when
+// withAmax (the delayed recipe: the scale came from the history, the amax is this tensor's).
+// colPart (optional, f32 [gridDim.y, C]): the tile's column sums of x, unquantized, summed over
+// the grid's rows afterwards in a fixed order (colSumKernel).
+template <typename Load>
+__global__ void castKernel(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
+                           bool withAmax, float* colPart) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  __shared__ float part[kRowsPerPass][kTile];
+  const float scale = state[Fp8State::kScale];
+  const int64_t c = blockIdx.x * static_cast<int64_t>(kTile) + threadIdx.x;
+  const int64_t r0 = blockIdx.y * static_cast<int64_t>(kTile);
+  float m = 0.f, sum = 0.f;
+  for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
+    const int64_t r = r0 + j;
+    if (r < R && c < C) {
+      const float v = ld.one(r * C + c);
+      m = absMaxBits(m, v);
+      sum += v;
+      const uint8_t code = castIntrinsic(v * scale, f);
+      q[r * C + c] = code;
+      tile[j][threadIdx.x] = code;
+    }
+  }
+  if (withAmax) blockAmaxAtomic(m, state + Fp8State::kAmax);
+  if (colPart) {
+    part[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+      float s = 0.f;
+      for (int j = 0; j < kRowsPerPass; ++j) s += part[j][threadIdx.x];
+      colPart[blockIdx.y * C + c] = s;
+    }
+  }
+  if (!qt) return;
+  __syncthreads();
+  // Transposed write: thread x runs along r (coalesced in qt's rows).
+  const int64_t rr = r0 + threadIdx.x;
+  for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
+    const int64_t cc = blockIdx.x * static_cast<int64_t>(kTile) + j;
+    if (rr < R && cc < C) qt[cc * R + rr] = tile[threadIdx.x][j];
+  }
+}
+
 // castKernel for the shapes every GPT GEMM has (C a multiple of 8; R a multiple of 16 when the
 // transpose is written; aligned buffers): the same codes and amax, with 16-byte loads, 8-byte
 // stores of q and 16-byte stores of qt. The scalar kernel moves 2 bytes in and 2 out per thread
 // and instruction, far under the memory system's rate; this one is what makes the cast a
 // bandwidth-bound pass. A 64 x 64 tile per block of 256 threads: thread t loads 8 columns of rows
 // t/8 and t/8 + 32; then thread t writes 16 rows of column t%64 of qt (rows (t/64)*16..+16).
+// Column sums: lanes t, t+8, t+16, t+24 of a warp hold the same 8 columns (shuffles), then the
+// eight warps' sums through shared memory in warp order.
 constexpr int kVecTile = 64, kVecThreads = 256;
-template <typename T>
+template <typename Load>
 __global__ void __launch_bounds__(kVecThreads)
-    castKernelVec(const T* x, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
-                  bool withAmax) {
+    castKernelVec(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
+                  bool withAmax, float* colPart) {
   __shared__ __align__(16) uint8_t tile[kVecTile][kVecTile + 8];
+  __shared__ float part[kVecThreads / 32][kVecTile];
   const float scale = state[Fp8State::kScale];
   const int64_t c0 = blockIdx.x * static_cast<int64_t>(kVecTile), r0 = blockIdx.y * static_cast<int64_t>(kVecTile);
   const int t = threadIdx.x, cl = (t % 8) * 8;
-  float m = 0.f;
+  float m = 0.f, sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   for (int pass = 0; pass < 2; ++pass) {
     const int rl = t / 8 + 32 * pass;
     const int64_t r = r0 + rl, c = c0 + cl;
     if (r < R && c < C) {
       float v[8];
-      load8(x + r * C + c, v);
+      ld.eight(r * C + c, v);
       __align__(8) uint8_t codes[8];
       for (int i = 0; i < 8; ++i) {
         m = absMaxBits(m, v[i]);
+        sum[i] += v[i];
         codes[i] = castIntrinsic(v[i] * scale, f);
       }
       const uint2 packed = *reinterpret_cast<const uint2*>(codes);
@@ -144,6 +209,20 @@ __global__ void __launch_bounds__(kVecThreads)
     }
   }
   if (withAmax) blockAmaxAtomic(m, state + Fp8State::kAmax);
+  if (colPart) {
+    for (int i = 0; i < 8; ++i) {
+      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 8);
+      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 16);
+    }
+    if (t % 32 < 8)
+      for (int i = 0; i < 8; ++i) part[t / 32][cl + i] = sum[i];
+    __syncthreads();
+    if (t < kVecTile && c0 + t < C) {
+      float s = 0.f;
+      for (int w = 0; w < kVecThreads / 32; ++w) s += part[w][t];
+      colPart[blockIdx.y * C + c0 + t] = s;
+    }
+  }
   if (!qt) return;
   __syncthreads();
   const int col = t % kVecTile, rb = (t / kVecTile) * 16;
@@ -155,13 +234,22 @@ __global__ void __launch_bounds__(kVecThreads)
   }
 }
 
+// colSum[c] = sum over the cast's row tiles of colPart[b, c], in tile order (deterministic).
+__global__ void colSumKernel(const float* colPart, int64_t tiles, int64_t C, float* colSum) {
+  MT_GRID_STRIDE(c, C) {
+    float s = 0.f;
+    for (int64_t b = 0; b < tiles; ++b) s += colPart[b * C + c];
+    colSum[c] = s;
+  }
+}
+
 // amaxKernel with 16-byte loads (n a multiple of 8, x aligned).
-template <typename T>
-__global__ void amaxKernelVec(const T* x, int64_t n8, float* state) {
+template <typename Load>
+__global__ void amaxKernelVec(Load ld, int64_t n8, float* state) {
   float m = 0.f;
   MT_GRID_STRIDE(i, n8) {
     float v[8];
-    load8(x + i * 8, v);
+    ld.eight(i * 8, v);
     for (int k = 0; k < 8; ++k) m = absMaxBits(m, v[k]);
   }
   blockAmaxAtomic(m, state + Fp8State::kAmax);
@@ -171,28 +259,36 @@ bool aligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
-// One cast of x [R, C] with the state's current scale (the vectorized kernel where it applies).
-template <typename T>
-void launchCast(const T* x, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
-                bool withAmax, cudaStream_t s) {
-  const bool vec = C % 8 == 0 && aligned(x, 16) && aligned(q, 8) && (!qt || (R % 16 == 0 && aligned(qt, 16)));
+// One cast of what ld reads, [R, C], with the state's current scale (the vectorized kernel where it
+// applies); colSum (optional, f32 [C]) its column sums.
+template <typename Load>
+void launchCast(const Load& ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
+                bool withAmax, Tensor* colSum, cudaStream_t s) {
+  const bool vec = C % 8 == 0 && ld.aligned16() && aligned(q, 8) && (!qt || (R % 16 == 0 && aligned(qt, 16)));
   const int tile = vec ? kVecTile : kTile;
   MT_CHECK((C + tile - 1) / tile < (1ll << 31) && (R + tile - 1) / tile <= 65535, "fp8 cast of [", R, ", ", C,
            "]: more than 65535 x ", tile, " rows");
   const dim3 grid(static_cast<unsigned>((C + tile - 1) / tile), static_cast<unsigned>((R + tile - 1) / tile));
+  Tensor colPart;
+  if (colSum) colPart = Tensor::empty({static_cast<int64_t>(grid.y), C}, DType::kF32, colSum->device());
+  float* part = colSum ? colPart.data<float>() : nullptr;
   if (vec)
-    castKernelVec<<<grid, kVecThreads, 0, s>>>(x, q, qt, R, C, state, f, withAmax);
+    castKernelVec<<<grid, kVecThreads, 0, s>>>(ld, q, qt, R, C, state, f, withAmax, part);
   else
-    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(x, q, qt, R, C, state, f, withAmax);
+    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(ld, q, qt, R, C, state, f, withAmax, part);
   checkLaunch();
+  if (colSum) {
+    colSumKernel<<<gridFor1d(C), 256, 0, s>>>(part, grid.y, C, colSum->data<float>());
+    checkLaunch();
+  }
 }
 
-template <typename T>
-void launchAmax(const T* x, int64_t n, float* state, cudaStream_t s) {
-  if (n % 8 == 0 && aligned(x, 16))
-    amaxKernelVec<<<gridFor1d(n / 8), 256, 0, s>>>(x, n / 8, state);
+template <typename Load>
+void launchAmax(const Load& ld, int64_t n, float* state, cudaStream_t s) {
+  if (n % 8 == 0 && ld.aligned16())
+    amaxKernelVec<<<gridFor1d(n / 8), 256, 0, s>>>(ld, n / 8, state);
   else
-    amaxKernel<<<gridFor1d(n), 256, 0, s>>>(x, n, state);
+    amaxKernel<<<gridFor1d(n), 256, 0, s>>>(ld, n, state);
   checkLaunch();
 }
 
@@ -220,25 +316,56 @@ __global__ void intrinsicKernel(const float* x, uint8_t* q, int64_t n, Fp8Format
   MT_GRID_STRIDE(i, n) q[i] = castIntrinsic(x[i], f);
 }
 
-template <typename T>
-void quantizeTyped(Tensor& q, const Tensor& x, Fp8State& st, Tensor* qt) {
-  const int64_t n = x.numel(), C = x.ndim() ? x.dim(-1) : 1, R = n / C;
+// One quantization of what ld reads ([R, C]) with st's recipe (the header comment's sequence);
+// colSum (optional) gets its column sums from the cast pass.
+template <typename Load>
+void quantizeWith(const Load& ld, Tensor& q, int64_t R, int64_t C, Fp8State& st, Tensor* qt, Tensor* colSum) {
   float* v = st.values().data<float>();
   const Fp8Options& o = st.options();
   const bool delayed = o.recipe == Fp8Recipe::kDelayed && st.casts() > 0;
   cudaStream_t s = currentStream();
   if (!delayed) {
     CUDA_CHECK(cudaMemsetAsync(v + Fp8State::kAmax, 0, sizeof(float), s));
-    launchAmax(static_cast<const T*>(x.rawData()), n, v, s);
+    launchAmax(ld, R * C, v, s);
   }
   scaleKernel<<<1, 1, 0, s>>>(v, o.historyLength, st.format(), o.margin, delayed);
   checkLaunch();
-  launchCast(static_cast<const T*>(x.rawData()), q.data<uint8_t>(), qt ? qt->data<uint8_t>() : nullptr, R, C, v,
-             st.format(), delayed, s);
+  launchCast(ld, q.data<uint8_t>(), qt ? qt->data<uint8_t>() : nullptr, R, C, v, st.format(), delayed, colSum, s);
   pushKernel<<<1, 1, 0, s>>>(v, o.historyLength);
   checkLaunch();
   st.setCasts(st.casts() + 1);
 }
+
+// f(load) for the loader of what `in` reads (x and pre each f32 or bf16).
+template <typename F>
+void withLoad(const Fp8CastInput& in, F&& f) {
+  const Tensor& x = *in.x;
+  const bool xb = x.dtype() == DType::kBF16;
+  MT_CHECK(xb || x.dtype() == DType::kF32, "fp8 cast of ", x.str(), ": f32 or bf16 only");
+  const auto* xh = static_cast<const __nv_bfloat16*>(x.rawData());
+  const auto* xf = static_cast<const float*>(x.rawData());
+  if (in.op == Fp8CastOp::kValue) {
+    if (xb) f(ValueLoad<__nv_bfloat16>{xh});
+    else f(ValueLoad<float>{xf});
+  } else if (in.op == Fp8CastOp::kGelu) {
+    if (xb) f(GeluLoad<__nv_bfloat16>{xh});
+    else f(GeluLoad<float>{xf});
+  } else {
+    const bool pb = in.pre->dtype() == DType::kBF16;
+    const auto* ph = static_cast<const __nv_bfloat16*>(in.pre->rawData());
+    const auto* pf = static_cast<const float*>(in.pre->rawData());
+    if (xb && pb) f(DGeluLoad<__nv_bfloat16, __nv_bfloat16>{xh, ph});
+    else if (xb) f(DGeluLoad<__nv_bfloat16, float>{xh, pf});
+    else if (pb) f(DGeluLoad<float, __nv_bfloat16>{xf, ph});
+    else f(DGeluLoad<float, float>{xf, pf});
+  }
+}
+
+void checkStateDevice(const Fp8State& st, const Tensor& x) {
+  MT_CHECK(st.values().device() == x.device(), "fp8 state on ", st.values().device().str(), " for ", x.str());
+}
+
+int64_t colsOf(const Tensor& x) { return x.ndim() ? x.dim(-1) : 1; }
 
 template <typename T>
 __global__ void addBiasKernel(T* d, const __nv_bfloat16* bias, int64_t n, int64_t cols) {
@@ -252,29 +379,29 @@ cudaDataType_t fp8Type(Fp8Format f) {
 }  // namespace
 
 void fp8QuantizeOnDevice(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
-  MT_CHECK(st.values().device() == x.device(), "fp8 state on ", st.values().device().str(), " for ", x.str());
-  if (x.numel() == 0) return;
-  if (x.dtype() == DType::kBF16)
-    quantizeTyped<__nv_bfloat16>(q, x, st, transposed);
-  else if (x.dtype() == DType::kF32)
-    quantizeTyped<float>(q, x, st, transposed);
-  else
-    MT_CHECK(false, "fp8 cast of ", x.str(), ": f32 or bf16 only");
+  fp8QuantizeFusedOnDevice(q, Fp8CastInput{&x}, st, transposed);
 }
 
 void fp8QuantizeReplayOnDevice(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed) {
-  MT_CHECK(st.values().device() == x.device(), "fp8 state on ", st.values().device().str(), " for ", x.str());
-  if (x.numel() == 0) return;
-  MT_CHECK(x.dtype() == DType::kBF16 || x.dtype() == DType::kF32, "fp8 cast of ", x.str(),
-           ": f32 or bf16 only");
-  const int64_t C = x.ndim() ? x.dim(-1) : 1, R = x.numel() / C;
+  fp8QuantizeFusedReplayOnDevice(q, Fp8CastInput{&x}, st, transposed);
+}
+
+void fp8QuantizeFusedOnDevice(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed) {
+  checkStateDevice(st, *in.x);
+  if (in.x->numel() == 0) return;
+  const int64_t C = colsOf(*in.x), R = in.x->numel() / C;
+  withLoad(in, [&](const auto& ld) { quantizeWith(ld, q, R, C, st, transposed, in.colSum); });
+}
+
+void fp8QuantizeFusedReplayOnDevice(Tensor& q, const Fp8CastInput& in, const Fp8State& st, Tensor* transposed) {
+  checkStateDevice(st, *in.x);
+  if (in.x->numel() == 0) return;
+  const int64_t C = colsOf(*in.x), R = in.x->numel() / C;
   uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
   float* v = st.values().data<float>();
-  if (x.dtype() == DType::kBF16)
-    launchCast(static_cast<const __nv_bfloat16*>(x.rawData()), q.data<uint8_t>(), qt, R, C, v, st.format(), false,
-               currentStream());
-  else
-    launchCast(x.data<float>(), q.data<uint8_t>(), qt, R, C, v, st.format(), false, currentStream());
+  withLoad(in, [&](const auto& ld) {
+    launchCast(ld, q.data<uint8_t>(), qt, R, C, v, st.format(), false, in.colSum, currentStream());
+  });
 }
 
 void fp8DequantizeOnDevice(Tensor& x, const Tensor& q, const Fp8State& st) {

@@ -9,9 +9,12 @@
 #include <string>
 #include <tuple>
 
+#include "core/EnvParams.h"
+#include "core/Log.h"
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaGemm.h"
 #include "core/cuda/CudaRuntime.h"
+#include "core/cuda/CudaStream.h"
 #include "core/cuda/PlanCache.h"
 
 namespace mt::cuda {
@@ -47,6 +50,7 @@ struct Plan {
   cublasLtMatmulAlgo_t algos[kAlgoCandidates]{};
   int count = 0, current = 0;
   bool ok = false;  // an algorithm is left (kept when not, so the query is not repeated)
+  bool tune = false;  // MT_GEMM_AUTOTUNE: time the candidates on the first call (then cleared)
   void release() noexcept {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -176,7 +180,58 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
     for (int i = 0; i < found; ++i)
       if (heur[i].state == CUBLAS_STATUS_SUCCESS) p.algos[p.count++] = heur[i].algo;
   p.ok = p.count > 0;
+  p.tune = p.count > 1 && envInt(EnvParam::kGemmAutotune) == 1;
   return cache.plans.emplace(key, p).first->second;
+}
+
+cublasStatus_t runAlgo(const GemmCall& g, Plan& p, int i, CudaRuntime& rt, void* ws, void* d) {
+  return cublasLtMatmul(rt.cublasLt(), p.op, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.Cin ? g.Cin : g.C, p.c, d,
+                        p.c, &p.algos[i], ws, kGemmWorkspace, currentStream());
+}
+
+size_t elementBytes(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_32F: return 4;
+    case CUDA_R_16F:
+    case CUDA_R_16BF: return 2;
+    default: return 1;
+  }
+}
+
+// MT_GEMM_AUTOTUNE=1, a plan's first call: each of the heuristic's candidates runs once to warm up
+// and three times between two events; the fastest becomes the plan's first. With beta != 0 the
+// timed runs write a scratch D (the real one would accumulate four times); with beta = 0 they
+// write D, the same values each time, and the epilogue outputs (GELU's aux, a bias gradient) the
+// same way. Not while the stream is being captured into a graph (no synchronisation there).
+void autotune(const GemmCall& g, Plan& p, CudaRuntime& rt, void* ws) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(currentStream(), &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  Tensor scratch;
+  void* d = g.C;
+  if (g.beta != 0.f) {
+    const int64_t elems = (g.batch > 1 ? (g.batch - 1) * g.strideC : 0) + g.M * g.N;
+    scratch = Tensor::empty({elems * static_cast<int64_t>(elementBytes(g.cType))}, DType::kU8, rt.dev());
+    d = scratch.rawData();
+  }
+  CudaEvent start(true), end(true);
+  float best = 0.f, first = 0.f;
+  int bestAt = -1;
+  for (int i = p.current; i < p.count; ++i) {
+    const cublasStatus_t st = runAlgo(g, p, i, rt, ws, d);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) continue;
+    CUBLAS_CHECK(st);
+    start.record(currentStream());
+    for (int r = 0; r < 3; ++r) CUBLAS_CHECK(runAlgo(g, p, i, rt, ws, d));
+    end.record(currentStream());
+    end.synchronize();
+    const float ms = end.elapsedMs(start) / 3.f;
+    if (bestAt < 0) first = ms;
+    if (bestAt < 0 || ms < best) best = ms, bestAt = i;
+  }
+  if (bestAt > p.current) std::swap(p.algos[p.current], p.algos[bestAt]);
+  MT_LOG_DEBUG << "gemm autotune M=" << g.M << " N=" << g.N << " K=" << g.K << ": candidate " << bestAt + 1 << " of "
+               << p.count << ", " << best << " ms against the heuristic's first " << first << " ms";
 }
 
 }  // namespace
@@ -194,10 +249,13 @@ bool tryGemm(const GemmCall& g) {
                                                 sizeof(g.aux)));
   setScalePointers(p.op, g);
   void* ws = rt.workspace(kGemmWorkspace);
+  if (p.tune) {
+    std::lock_guard<std::mutex> lock(rt.components().get<GemmPlans>().mutex);
+    if (p.tune) autotune(g, p, rt, ws);
+    p.tune = false;
+  }
   for (; p.current < p.count; ++p.current) {
-    const cublasStatus_t st = cublasLtMatmul(rt.cublasLt(), p.op, &g.alpha, g.B, p.a, g.A, p.b, &g.beta,
-                                             g.Cin ? g.Cin : g.C, p.c, g.C, p.c, &p.algos[p.current], ws,
-                                             kGemmWorkspace, currentStream());
+    const cublasStatus_t st = runAlgo(g, p, p.current, rt, ws, g.C);
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
       CUBLAS_CHECK(st);
       return true;

@@ -140,12 +140,14 @@ Tensor Gpt::blockForward(Block& b, const Tensor& x, Context& ctx, Tensor* qkvOut
   Tensor x1 = b.proj->forwardAdd(y, x, ctx);  // residual added by the GEMM
   Tensor h2 = b.ln2->forward(x1, ctx);
   Tensor pre;  // fc's output before the GELU, for backward
-  Tensor g = b.fc->forwardGelu(h2, ctx, &pre);
+  Tensor g;    // GELU(pre), unless fcProj's FP8 cast applies the GELU to pre itself
+  if (geluInCasts(b, B * T, x.device())) pre = b.fc->forward(h2, ctx);
+  else g = b.fc->forwardGelu(h2, ctx, &pre);
   if (pointwise) b.fc->releaseInput();  // h2 dies here: backward makes it again
   if (ctx.training) b.pre = pre;
   if (qkvOut) *qkvOut = qkv;
   if (x1Out) *x1Out = x1;
-  Tensor out = b.fcProj->forwardAdd(g, x1, ctx);
+  Tensor out = g.defined() ? b.fcProj->forwardAdd(g, x1, ctx) : b.fcProj->forwardAddGelu(pre, x1, ctx);
   if (pointwise) b.fcProj->releaseInput();
   return out;
 }
@@ -198,8 +200,17 @@ void Gpt::recompute(Block& b, Context& ctx) {
   attentionForward(y, qkv, cfg_.heads, &b.att, cfg_.attention);
   b.proj->restoreInput(y, ctx);
   Tensor h2 = b.ln2->forward(x1, ctx);
+  if (geluInCasts(b, x.dim(0) * x.dim(1), x.device())) {
+    b.pre = b.fc->forward(h2, ctx);
+    b.fcProj->restoreInputGelu(b.pre, ctx);
+    return;
+  }
   Tensor g = b.fc->forwardGelu(h2, ctx, &b.pre);
   b.fcProj->restoreInput(g, ctx);
+}
+
+bool Gpt::geluInCasts(const Block& b, int64_t rows, Device d) const {
+  return b.fc->fp8For(rows, d) && b.fcProj->fp8For(rows, d) && b.fc->fp8()->geluInCasts();
 }
 
 std::vector<std::pair<std::string, Fp8State*>> Gpt::fp8States() {
@@ -222,10 +233,11 @@ void Gpt::setPrecisionRoles() {
                       static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.fc.get())})
       m->setLowPrecisionOutput(true);
   lnf_->setLowPrecisionOutput(true);
-  for (Block& b : blocks_) {  // their input gradients go to attention backward and LayerNorm backward
+  for (Block& b : blocks_) {  // their input gradients go to attention backward, LayerNorm backward, fc's cast
     b.proj->setLowPrecisionInputGrad(true);
     b.qkv->setLowPrecisionInputGrad(true);
     b.fc->setLowPrecisionInputGrad(true);
+    b.fcProj->setLowPrecisionInputGrad(true);  // read only where the GELU runs in the FP8 casts
   }
 }
 
@@ -358,16 +370,28 @@ void Gpt::backward(Context& ctx) {
     const bool pointwise = cfg_.pointwise(static_cast<int64_t>(li));
     if (cfg_.checkpointed(static_cast<int64_t>(li)) && !pointwise) recompute(b, ctx);
     // x2 = x1 + fcProj(gelu(fc(ln2(x1)))): dx1 = dx + d(mlp path)
-    if (pointwise) {  // fcProj's input GELU(pre): the GELU kernel (forward's, or its epilogue's twin)
+    // fcProj's input GELU(pre) made again (pointwise): by the GELU kernel (forward's, or its
+    // epilogue's twin), or inside fcProj's cast.
+    const bool inCasts = geluInCasts(b, B_ * T_, dev);
+    if (pointwise && inCasts) b.fcProj->restoreInputGelu(b.pre, ctx);
+    if (pointwise && !inCasts) {
       Tensor g = Tensor::empty(b.pre.shape(), b.pre.dtype(), b.pre.device());
       geluForward(g, b.pre, GeluKind::kTanh);
       b.fcProj->restoreInput(g, ctx);
     }
-    Tensor dfSum;  // colsum(df), fc's bias gradient, where the DGELU GEMM's epilogue made it
-    Tensor df = b.fcProj->backwardDGelu(dxLow, b.pre, ctx, &dfSum);  // the gradient at the GELU's input
-    b.pre = Tensor();
-    if (pointwise) b.fc->restoreInput(b.ln2->recomputeOutput(), ctx);
-    Tensor dh2 = b.fc->backward(df, ctx, dfSum);
+    Tensor dh2;
+    if (inCasts) {  // the gradient at the GELU's output; fc's cast makes the one at its input
+      Tensor dg = b.fcProj->backward(dxLow, ctx);
+      if (pointwise) b.fc->restoreInput(b.ln2->recomputeOutput(), ctx);
+      dh2 = b.fc->backwardThroughGelu(dg, b.pre, ctx);
+      b.pre = Tensor();
+    } else {
+      Tensor dfSum;  // colsum(df), fc's bias gradient, where the DGELU GEMM's epilogue made it
+      Tensor df = b.fcProj->backwardDGelu(dxLow, b.pre, ctx, &dfSum);  // the gradient at the GELU's input
+      b.pre = Tensor();
+      if (pointwise) b.fc->restoreInput(b.ln2->recomputeOutput(), ctx);
+      dh2 = b.fc->backward(df, ctx, dfSum);
+    }
     Tensor dx1Low;
     Tensor dx1 = b.ln2->backwardBoth(dh2, &dx, ctx, &dx1Low);  // + the residual branch's gradient, one pass
     // x1 = x + proj(attn(qkv(ln1(x))))

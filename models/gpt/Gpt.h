@@ -139,6 +139,10 @@ class Gpt final : public Model {
   };
   // Which layers write their outputs (and input gradients) in the matmul dtype: forward's roles.
   void setPrecisionRoles();
+  // Whether the block's GELU runs inside fcProj's and fc's FP8 casts (MT_FP8_GELU = 3, both in
+  // FP8 for this many rows): fc's forward writes only pre, fcProj's input cast applies the GELU,
+  // fc's gradient cast its derivative (Linear::forwardAddGelu, backwardThroughGelu).
+  bool geluInCasts(const Block& b, int64_t rows, Device d) const;
   // Embeddings, blocks and the final LayerNorm of forward(): xf [B*T, C] in the matmul dtype.
   Tensor trunk(const Tensor& tokens, Context& ctx);
   void hookBefore(int unit, bool backward);

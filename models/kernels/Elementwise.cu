@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "core/GeluMath.h"
 #include "core/Random.h"
 #include "core/cuda/CudaRuntime.h"
 
@@ -15,8 +16,6 @@
 namespace mt::cuda {
 
 namespace {
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCoeff = 0.044715f;
 
 __global__ void reluFwd(const float* x, float* y, int64_t n) {
   MT_GRID_STRIDE(i, n) { y[i] = x[i] > 0.f ? x[i] : (isnan(x[i]) ? x[i] : 0.f); }
@@ -44,7 +43,7 @@ __global__ void geluFwd(const Tin* x, Tout* y, int64_t n, bool tanhForm) {
   MT_GRID_STRIDE(i, n) {
     const float v = toF32(x[i]);
     if (tanhForm)
-      y[i] = fromF32<Tout>(0.5f * v * (1.f + geluTanh<Tout>(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))));
+      y[i] = fromF32<Tout>(geluFromTanh(v, geluTanh<Tout>(geluTanhArg(v))));
     else y[i] = fromF32<Tout>(0.5f * v * (1.f + erff(v * 0.70710678118654752f)));
   }
 }
@@ -54,8 +53,7 @@ __global__ void geluBwd(const Tdy* dy, const Tin* x, Tdx* dx, int64_t n, bool ta
     const float v = toF32(x[i]);
     float g;
     if (tanhForm) {
-      const float t = geluTanh<Tdx>(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
-      g = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluCoeff * v * v);
+      g = geluGradFromTanh(v, geluTanh<Tdx>(geluTanhArg(v)));
     } else {
       g = 0.5f * (1.f + erff(v * 0.70710678118654752f)) + v * expf(-0.5f * v * v) * 0.3989422804014327f;
     }

@@ -2,14 +2,13 @@
 
 #include <cmath>
 
+#include "core/GeluMath.h"
 #include "core/Parallel.h"
 #include "models/kernels/Dispatch.h"
 
 namespace mt {
 
 namespace {
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCoeff = 0.044715f;
 constexpr int64_t kGrain = 1 << 14;
 }  // namespace
 
@@ -40,8 +39,7 @@ void geluForward(Tensor& y, const Tensor& x, GeluKind kind) {
     for (int64_t i = lo; i < hi; ++i) {
       const float v = xp[i];
       if (kind == GeluKind::kTanh) {
-        const float u = kSqrt2OverPi * (v + kGeluCoeff * v * v * v);
-        yp[i] = 0.5f * v * (1.f + std::tanh(u));
+        yp[i] = geluFromTanh(v, std::tanh(geluTanhArg(v)));
       } else {
         yp[i] = 0.5f * v * (1.f + std::erf(v * static_cast<float>(M_SQRT1_2)));
       }
@@ -59,10 +57,7 @@ void geluBackward(Tensor& dx, const Tensor& dy, const Tensor& x, GeluKind kind) 
       const float v = xp[i];
       float g;
       if (kind == GeluKind::kTanh) {
-        const float u = kSqrt2OverPi * (v + kGeluCoeff * v * v * v);
-        const float t = std::tanh(u);
-        const float du = kSqrt2OverPi * (1.f + 3.f * kGeluCoeff * v * v);
-        g = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du;
+        g = geluGradFromTanh(v, std::tanh(geluTanhArg(v)));
       } else {
         const float cdf = 0.5f * (1.f + std::erf(v * static_cast<float>(M_SQRT1_2)));
         const float pdf = std::exp(-0.5f * v * v) * 0.3989422804014327f;

@@ -56,7 +56,7 @@ Fp8Linear::Fp8Linear(const Fp8Training& t)
       sx_(Fp8Format::kE4M3, t.options, Device::cpu()),
       sw_(Fp8Format::kE4M3, t.options, Device::cpu()),
       sdy_(t.gradFormat, t.options, Device::cpu()),
-      geluEpilogues_(static_cast<int>(envInt(EnvParam::kFp8GeluEpilogues))) {}
+      geluMode_(static_cast<int>(envInt(EnvParam::kFp8Gelu))) {}
 
 bool Fp8Linear::supports(int64_t rows, int64_t in, int64_t out, Device d) {
   return d.isCpu() || (rows % 16 == 0 && in % 16 == 0 && out % 16 == 0);
@@ -72,14 +72,17 @@ int64_t Fp8Linear::cachedBytes() const {
   return (xt_.defined() ? xt_.numel() : 0) + (wt_.defined() ? wt_.numel() : 0);
 }
 
-std::pair<const Fp8State*, const Fp8State*> Fp8Linear::castOperands(Tensor& qx, Tensor& qw, const Tensor& x,
+std::pair<const Fp8State*, const Fp8State*> Fp8Linear::castOperands(Tensor& qx, Tensor& qw, const Fp8CastInput& xin,
                                                                     const Tensor& w, Mode mode,
                                                                     std::optional<Fp8State>* scratch) {
+  const Tensor& x = *xin.x;
   const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
   const Device d = x.device();
   MT_CHECK(x.dim(-1) == I && supports(N, I, O, d), "fp8 linear shapes x=", x.str(), " w=", w.str());
   onDevice(d);
   const Tensor x2 = x.view({N, I});
+  Fp8CastInput in = xin;
+  in.x = &x2;
   qx = codes({N, I}, d);
   qw = codes({O, I}, d);
   if (mode == Mode::kEval) {  // scratch states with current scaling: the training state stays as it is
@@ -87,17 +90,17 @@ std::pair<const Fp8State*, const Fp8State*> Fp8Linear::castOperands(Tensor& qx, 
     o.recipe = Fp8Recipe::kCurrent;
     scratch[0].emplace(Fp8Format::kE4M3, o, d);
     scratch[1].emplace(Fp8Format::kE4M3, o, d);
-    fp8Quantize(qx, x2, *scratch[0], nullptr);
+    fp8QuantizeFrom(qx, in, *scratch[0], nullptr);
     fp8Quantize(qw, w, *scratch[1], nullptr);
     return {&*scratch[0], &*scratch[1]};
   }
   xt_ = codes({I, N}, d);
   wt_ = codes({I, O}, d);
   if (mode == Mode::kReplay) {
-    fp8QuantizeReplay(qx, x2, sx_, &xt_);
+    fp8QuantizeReplayFrom(qx, in, sx_, &xt_);
     fp8QuantizeReplay(qw, w, sw_, &wt_);
   } else {
-    fp8Quantize(qx, x2, sx_, &xt_);
+    fp8QuantizeFrom(qx, in, sx_, &xt_);
     fp8Quantize(qw, w, sw_, &wt_);
   }
   return {&sx_, &sw_};
@@ -105,11 +108,21 @@ std::pair<const Fp8State*, const Fp8State*> Fp8Linear::castOperands(Tensor& qx, 
 
 void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual,
                         Mode mode) {
-  const int64_t O = w.dim(0), N = x.numel() / w.dim(1);
-  MT_CHECK(y.numel() == N * O, "fp8 linear output ", y.str(), " for x=", x.str(), " w=", w.str());
+  forwardFrom(y, Fp8CastInput{&x}, w, b, residual, mode);
+}
+
+void Fp8Linear::forwardFromGelu(Tensor& y, const Tensor& pre, const Tensor& w, const Tensor* b,
+                                const Tensor* residual, Mode mode) {
+  forwardFrom(y, Fp8CastInput{&pre, Fp8CastOp::kGelu}, w, b, residual, mode);
+}
+
+void Fp8Linear::forwardFrom(Tensor& y, const Fp8CastInput& xin, const Tensor& w, const Tensor* b,
+                            const Tensor* residual, Mode mode) {
+  const int64_t O = w.dim(0), N = xin.x->numel() / w.dim(1);
+  MT_CHECK(y.numel() == N * O, "fp8 linear output ", y.str(), " for x=", xin.x->str(), " w=", w.str());
   Tensor qx, qw;
   std::optional<Fp8State> scratch[2];
-  const auto [sx, sw] = castOperands(qx, qw, x, w, mode, scratch);
+  const auto [sx, sw] = castOperands(qx, qw, xin, w, mode, scratch);
   Tensor y2 = y.view({N, O});
   Tensor r2;
   Fp8GemmArgs g = gemmArgs(N, O, w.dim(1), qx, Fp8Format::kE4M3, *sx, qw, Fp8Format::kE4M3, *sw, y2);
@@ -133,57 +146,83 @@ void Fp8Linear::forwardGelu(Tensor& y, Tensor& pre, const Tensor& x, const Tenso
            " w=", w.str());
   Tensor qx, qw;
   std::optional<Fp8State> scratch[2];
-  const auto [sx, sw] = castOperands(qx, qw, x, w, mode, scratch);
+  const auto [sx, sw] = castOperands(qx, qw, Fp8CastInput{&x}, w, mode, scratch);
   Tensor y2 = y.view({N, O}), pre2 = pre.view({N, O});
   Fp8GemmArgs g = gemmArgs(N, O, w.dim(1), qx, Fp8Format::kE4M3, *sx, qw, Fp8Format::kE4M3, *sw, y2);
   g.bias = b;
   g.fastAccum = true;
   g.geluPre = &pre2;
-  if (geluEpilogues_ >= 1 && fp8GemmGelu(g)) return;
+  if ((geluMode_ == 1 || geluMode_ == 2) && fp8GemmGelu(g)) return;
   g.geluPre = nullptr;  // no FP8 GELU epilogue: the GEMM into pre, then the GELU kernel
   g.D = &pre2;
   fp8Gemm(g);
   geluForward(y, pre, GeluKind::kTanh);
 }
 
-void Fp8Linear::restore(const Tensor& x, const Tensor& w) {
-  const int64_t O = w.dim(0), I = w.dim(1), N = x.numel() / I;
-  const Device d = x.device();
+void Fp8Linear::restore(const Tensor& x, const Tensor& w) { restoreFrom(Fp8CastInput{&x}, w); }
+
+void Fp8Linear::restoreFromGelu(const Tensor& pre, const Tensor& w) {
+  restoreFrom(Fp8CastInput{&pre, Fp8CastOp::kGelu}, w);
+}
+
+void Fp8Linear::restoreFrom(const Fp8CastInput& xin, const Tensor& w) {
+  const int64_t O = w.dim(0), I = w.dim(1), N = xin.x->numel() / I;
+  const Device d = xin.x->device();
   onDevice(d);
+  const Tensor x2 = xin.x->view({N, I});
+  Fp8CastInput in = xin;
+  in.x = &x2;
   Tensor qx = codes({N, I}, d), qw = codes({O, I}, d);
   xt_ = codes({I, N}, d);
   wt_ = codes({I, O}, d);
-  fp8QuantizeReplay(qx, x.view({N, I}), sx_, &xt_);
+  fp8QuantizeReplayFrom(qx, in, sx_, &xt_);
   fp8QuantizeReplay(qw, w, sw_, &wt_);
 }
 
 void Fp8Linear::backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
                          const Tensor* dyColSum) {
-  backwardGemms(dx, nullptr, dw, db, dy, w, dyColSum);
+  backwardGemms(dx, nullptr, dw, db, Fp8CastInput{&dy}, w, dyColSum);
+}
+
+void Fp8Linear::backwardFromDGelu(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dg, const Tensor& pre,
+                                  const Tensor& w) {
+  MT_CHECK(pre.numel() == dg.numel(), "fp8 linear: the GELU's output gradient ", dg.str(), " for pre-activation ",
+           pre.str());
+  backwardGemms(dx, nullptr, dw, db, Fp8CastInput{&dg, Fp8CastOp::kDGelu, &pre}, w, nullptr);
 }
 
 void Fp8Linear::backwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
                               const Tensor& pre) {
   MT_CHECK(pre.numel() == dpre.numel() && pre.dtype() == dpre.dtype(), "fp8 linear+dGELU: pre-activation ",
            pre.str(), ", its gradient ", dpre.str());
-  backwardGemms(&dpre, &pre, dw, db, dy, w, nullptr);
+  backwardGemms(&dpre, &pre, dw, db, Fp8CastInput{&dy}, w, nullptr);
 }
 
-void Fp8Linear::backwardGemms(Tensor* dx, const Tensor* pre, Tensor& dw, Tensor* db, const Tensor& dy,
+void Fp8Linear::backwardGemms(Tensor* dx, const Tensor* xPre, Tensor& dw, Tensor* db, const Fp8CastInput& dyIn,
                               const Tensor& w, const Tensor* dyColSum) {
   MT_CHECK(xt_.defined() && wt_.defined(), "fp8 linear backward without a training forward");
   const int64_t O = w.dim(0), I = w.dim(1), N = xt_.dim(1);
+  const Tensor& dy = *dyIn.x;
   const Device d = dy.device();
   MT_CHECK(dy.numel() == N * O, "fp8 linear backward: dy ", dy.str(), " for ", N, " x ", O);
   Tensor qdy = codes({N, O}, d), qdyt = codes({O, N}, d);
-  fp8Quantize(qdy, dy.view({N, O}), sdy_, &qdyt);
+  const Tensor dy2 = dy.view({N, O});
+  Fp8CastInput in = dyIn;
+  in.x = &dy2;
+  Tensor colSum;  // a dGELU cast's column sums: the bias gradient from the same pass
+  if (in.op == Fp8CastOp::kDGelu && db) {
+    colSum = Tensor::empty({O}, DType::kF32, d);
+    in.colSum = &colSum;
+    dyColSum = &colSum;
+  }
+  fp8QuantizeFrom(qdy, in, sdy_, &qdyt);
   if (dx) {
     Tensor dx2 = dx->view({N, I});
     Fp8GemmArgs g = gemmArgs(N, I, O, qdy, cfg_.gradFormat, sdy_, wt_, Fp8Format::kE4M3, sw_, dx2);
-    if (pre) {  // dx = (dy W) * GELU'(pre): the DGELU epilogue, else the GEMM then the GELU kernel
-      const Tensor pre2 = pre->view({N, I});
+    if (xPre) {  // dx = (dy W) * GELU'(xPre): the DGELU epilogue, else the GEMM then the GELU kernel
+      const Tensor pre2 = xPre->view({N, I});
       g.dgeluPre = &pre2;
-      if (geluEpilogues_ < 2 || !fp8GemmGelu(g)) {
+      if (geluMode_ != 2 || !fp8GemmGelu(g)) {
         Tensor dg = Tensor::empty({N, I}, DType::kF32, d);  // f32: the path measured and tested on the GPU
         g.dgeluPre = nullptr;
         g.D = &dg;

@@ -14,6 +14,10 @@
 // Recomputation (activation checkpointing) replays the casts with the scales forward used, so the
 // codes and the scaling state are those of a run without checkpointing. Evaluation (no training)
 // casts with current scaling into scratch states, leaving the training state alone.
+// Around a GELU (GPT's MLP, MT_FP8_GELU = 3) the casts take the GELU's place: the layer after it
+// casts x = GELU(pre) from pre (forwardFromGelu), the layer before it casts its gradient
+// dy = dg * GELU'(pre) from dg and pre and sums db in the same pass (backwardFromDGelu); the
+// GELU's output and its gradient never go through memory.
 // On the GPU cuBLASLt needs N, I and O multiples of 16 (supports()); a call that is not runs the
 // layer's bf16 path. The CPU emulation takes any shape.
 
@@ -42,20 +46,33 @@ class Fp8Linear {
   void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* residual,
                Mode mode);
   // y = GELU(x W^T + b) (tanh form) with pre = x W^T + b kept for backwardDGelu (y's shape and
-  // dtype): the GEMM into pre, then the GELU kernel; with MT_FP8_GELU_EPILOGUES >= 1 one GEMM
+  // dtype): the GEMM into pre, then the GELU kernel; with MT_FP8_GELU = 1 or 2 one GEMM
   // where cuBLASLt has the FP8 GELU_AUX_BIAS epilogue (slower on the H100, so not the default).
   void forwardGelu(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b, Mode mode);
-  // What forward(kReplay) keeps, without the GEMM (the layer's output was kept).
+  // forward with x = GELU(pre) (tanh form): the cast reads pre and applies the GELU on the way to
+  // the codes (fp8QuantizeFrom, kGelu), so GELU(pre) is never written (the GPT MLP's fcProj).
+  void forwardFromGelu(Tensor& y, const Tensor& pre, const Tensor& w, const Tensor* b, const Tensor* residual,
+                       Mode mode);
+  // What forward(kReplay) keeps, without the GEMM (the layer's output was kept); FromGelu: of
+  // forwardFromGelu.
   void restore(const Tensor& x, const Tensor& w);
+  void restoreFromGelu(const Tensor& pre, const Tensor& w);
   // dx (optional, f32 or bf16) overwritten; dw, db accumulate. dyColSum: colsum(dy) already made.
   void backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
                 const Tensor* dyColSum);
   // For a layer whose input was GELU(pre): dpre = (dy W) * GELU'(pre) (overwritten; pre's dtype):
-  // the input-gradient GEMM in f32, then the GELU kernel; with MT_FP8_GELU_EPILOGUES = 2
+  // the input-gradient GEMM in f32, then the GELU kernel; with MT_FP8_GELU = 2
   // its DGELU epilogue where cuBLASLt has it. dw, db as in backward.
   void backwardDGelu(Tensor& dpre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
                      const Tensor& pre);
+  // backward for a layer whose output went through a GELU: dy = dg * GELU'(pre), with dg the
+  // gradient at the GELU's output and pre this layer's output before it, cast in one pass that
+  // also sums dy's columns into db (fp8QuantizeFrom, kDGelu): the GPT MLP's fc, so that dy is never
+  // written. dx (optional) overwritten; dw, db accumulate.
+  void backwardFromDGelu(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dg, const Tensor& pre, const Tensor& w);
   bool holdsCache() const { return xt_.defined(); }
+  static constexpr int kGeluInCasts = 3;
+  bool geluInCasts() const { return geluMode_ == kGeluInCasts; }
   void clear() {
     xt_ = Tensor();
     wt_ = Tensor();
@@ -70,15 +87,23 @@ class Fp8Linear {
   void onDevice(Device d);
   // The casts of x and W (kTrain / kReplay also keep x^T and W^T); the scaling states they used:
   // the layer's, or for kEval the two scratch states made in scratch[0..1].
-  std::pair<const Fp8State*, const Fp8State*> castOperands(Tensor& qx, Tensor& qw, const Tensor& x,
+  std::pair<const Fp8State*, const Fp8State*> castOperands(Tensor& qx, Tensor& qw, const Fp8CastInput& xin,
                                                            const Tensor& w, Mode mode,
                                                            std::optional<Fp8State>* scratch);
-  void backwardGemms(Tensor* dx, const Tensor* pre, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& w,
-                     const Tensor* dyColSum);
+  void forwardFrom(Tensor& y, const Fp8CastInput& xin, const Tensor& w, const Tensor* b, const Tensor* residual,
+                   Mode mode);
+  void restoreFrom(const Fp8CastInput& xin, const Tensor& w);
+  // xPre: this layer's input was GELU(*xPre) (backwardDGelu: dx becomes the gradient at xPre);
+  // dyIn: what the gradient cast reads (dy itself, or a dGELU for backwardFromDGelu).
+  void backwardGemms(Tensor* dx, const Tensor* xPre, Tensor& dw, Tensor* db, const Fp8CastInput& dyIn,
+                     const Tensor& w, const Tensor* dyColSum);
   Fp8Training cfg_;
   Fp8State sx_, sw_, sdy_;
   Tensor xt_, wt_;     // codes of x^T [I,N] and W^T [I,O], kept from forward for backward
-  int geluEpilogues_;  // MT_FP8_GELU_EPILOGUES, read once (a bad value fails at model setup)
+  // MT_FP8_GELU, read once (a bad value fails at model setup): 1 and 2 pick the GELU epilogues of
+  // forwardGelu / backwardDGelu; 3 (kGeluInCasts) asks the model for forwardFromGelu and
+  // backwardFromDGelu, and forwardGelu / backwardDGelu then run as with 0.
+  int geluMode_;
 };
 
 // db[O] += colsum(dy [N,O]) (f32 db; dy f32 or, on the GPU, bf16/f16): the bias gradient of a

@@ -71,9 +71,7 @@ void Linear::initParams(Rng& rng) {
   if (b_) initUniform(b_->value, rng, -bound, bound);
 }
 
-bool Linear::fp8For(const Tensor& x) const {
-  return fp8_ && Fp8Linear::supports(x.numel() / in_, in_, out_, x.device());
-}
+bool Linear::fp8For(int64_t rows, Device d) const { return fp8_ && Fp8Linear::supports(rows, in_, out_, d); }
 
 int64_t Linear::cachedBytes() const {
   int64_t n = x_.defined() ? static_cast<int64_t>(x_.nbytes()) : 0;
@@ -152,6 +150,47 @@ void Linear::restoreInput(const Tensor& x, Context& ctx) {
   }
   x_ = castTo(x, matmulDType(x.device()));
   if (!wo_.defined()) weightOperand(ctx);
+}
+
+Tensor Linear::forwardAddGelu(const Tensor& pre, const Tensor& residual, Context& ctx) {
+  if (fp8For(pre)) {
+    Shape outShape = pre.shape();
+    outShape.back() = out_;
+    MT_CHECK(shapeNumel(outShape) == residual.numel(), "linear residual ", residual.str(), " for output ",
+             shapeStr(outShape));
+    Tensor y = Tensor::empty(outShape, residual.dtype(), pre.device());
+    fp8_->forwardFromGelu(y, pre, w_->value, b_ ? &b_->value : nullptr, &residual, fp8Mode(ctx));
+    return y;
+  }
+  Tensor g = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
+  geluForward(g, pre, GeluKind::kTanh);
+  return forwardAdd(g, residual, ctx);
+}
+
+void Linear::restoreInputGelu(const Tensor& pre, Context& ctx) {
+  if (fp8For(pre)) {
+    MT_CHECK(ctx.training && pre.dim(-1) == in_, "linear: restoring input GELU(", pre.str(),
+             ") outside training or for ", in_, " inputs");
+    fp8_->restoreFromGelu(pre, w_->value);
+    return;
+  }
+  Tensor g = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
+  geluForward(g, pre, GeluKind::kTanh);
+  restoreInput(g, ctx);
+}
+
+Tensor Linear::backwardThroughGelu(const Tensor& dg, const Tensor& pre, Context& ctx) {
+  if (fp8_ && fp8_->holdsCache()) {
+    Shape inShape = dg.shape();
+    inShape.back() = in_;
+    const DType dxType = lowInputGrad_ ? matmulDType(dg.device()) : DType::kF32;
+    Tensor dx = needsInputGrad_ ? Tensor::empty(inShape, dxType, dg.device()) : Tensor();
+    fp8_->backwardFromDGelu(dx.defined() ? &dx : nullptr, w_->grad, b_ ? &b_->grad : nullptr, dg, pre, w_->value);
+    return dx;
+  }
+  Tensor dpre = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
+  geluBackward(dpre, dg, pre, GeluKind::kTanh);
+  return backward(dpre, ctx);
 }
 
 Tensor Linear::backwardDGelu(const Tensor& dy, const Tensor& pre, Context&, Tensor* preColSum) {

@@ -59,6 +59,20 @@ class Linear : public Module {
   // backward(dy) for a layer whose input was GELU(pre): returns the gradient at pre, and in
   // *preColSum (when given and a fused epilogue computed it) colsum of that gradient, f32.
   Tensor backwardDGelu(const Tensor& dy, const Tensor& pre, Context& ctx, Tensor* preColSum = nullptr);
+  // forwardAdd(GELU(pre), residual) (tanh GELU): in FP8 the input cast reads pre and applies the
+  // GELU itself (Fp8Linear::forwardFromGelu), so GELU(pre) is never written; otherwise the GELU
+  // kernel, then forwardAdd. The layer after GPT's fc.
+  Tensor forwardAddGelu(const Tensor& pre, const Tensor& residual, Context& ctx);
+  // restoreInput(GELU(pre)), the same way.
+  void restoreInputGelu(const Tensor& pre, Context& ctx);
+  // backward(dg * GELU'(pre)) for a layer whose output pre went through a GELU (GPT's fc), dg the
+  // gradient at the GELU's output: in FP8 one cast pass computes the product, its codes and the
+  // bias gradient (Fp8Linear::backwardFromDGelu); otherwise the GELU backward kernel, then backward.
+  Tensor backwardThroughGelu(const Tensor& dg, const Tensor& pre, Context& ctx);
+  // Whether a forward of x (of `rows` rows) takes the FP8 path (enabled and a shape cuBLASLt's FP8
+  // kernels take).
+  bool fp8For(const Tensor& x) const { return fp8For(x.numel() / in_, x.device()); }
+  bool fp8For(int64_t rows, Device d) const;
   // What forward(x) keeps for backward (the input as the GEMM reads it, the weight's cast where
   // kept), without the GEMM: activation checkpointing kept the output and recomputed the input.
   // A weight cast kept from forward is used as it is.
@@ -105,8 +119,6 @@ class Linear : public Module {
   Tensor weightOperand(const Context& ctx);
   std::unique_ptr<Fp8Linear> fp8_;
   bool recomputing_ = false;
-  // Whether this forward takes the FP8 path (enabled and a shape cuBLASLt's FP8 kernels take).
-  bool fp8For(const Tensor& x) const;
   Fp8Linear::Mode fp8Mode(const Context& ctx) const {
     return !ctx.training  ? Fp8Linear::Mode::kEval
            : recomputing_ ? Fp8Linear::Mode::kReplay

@@ -125,15 +125,15 @@ case "$what" in
     # Issue 35's speed table, one call of about five minutes: GPT PRESETS (default d24 d48) at
     # BATCH (default 16) x 1024 in bf16 and in FP8 (delayed scaling, all four block Linears), then
     # PyTorch torch.compile bf16 once per preset, each row tokens/s, MFU and allocator peak
-    # (scripts/bench/gpt_bench.sh; STEPS as there). GELU_LEVELS (default 0): one FP8 row per
-    # MT_FP8_GELU_EPILOGUES level, e.g. "0 1 2" for the A/B of the FP8 GELU epilogues.
+    # (scripts/bench/gpt_bench.sh; STEPS as there). GELU_LEVELS (default 3): one FP8 row per
+    # MT_FP8_GELU level, e.g. "0 3" for the A/B of the GELU inside the casts against its kernels.
     status=0
     for preset in ${PRESETS:-d24 d48}; do
-      read -r -a levels <<<"${GELU_LEVELS:-0}"
+      read -r -a levels <<<"${GELU_LEVELS:-3}"
       for run in bf16 "${levels[@]}"; do
         p=$([[ $run == bf16 ]] && echo bf16 || echo fp8)
         name="$preset-$p$([[ $p == fp8 && ${#levels[@]} -gt 1 ]] && echo "-gelu$run")"
-        MT_FP8_GELU_EPILOGUES=$([[ $p == fp8 ]] && echo "$run" || echo 0) \
+        MT_FP8_GELU=$([[ $p == fp8 ]] && echo "$run" || echo 3) \
           REF=$([[ $run == "${levels[-1]}" && $p == fp8 ]] && echo 1 || echo 0) NAME="$name" PRESET="$preset" \
           BATCH="${BATCH:-16}" STEPS="${STEPS:-20}" OUT="$out/gpt" ARGS="--train.precision=$p" \
           bash scripts/bench/gpt_bench.sh 2>&1 | grep -vE "^step|^\["

@@ -7,12 +7,17 @@
 //  - the FP8 cuBLASLt GEMM (E4M3 x E4M3 -> bf16 with bias, E5M2 x E4M3 -> f32 accumulating)
 //    against the CPU emulation, to f32 summation order and the bf16 output's rounding;
 //  - its GELU epilogues (fp8GemmGelu: GELU_AUX_BIAS in forward, DGELU in backward) and a residual
-//    read as C, against the emulated GEMM and the tanh GELU in double.
+//    read as C, against the emulated GEMM and the tanh GELU in double;
+//  - the casts with the GELU inside (fp8QuantizeFrom, kGelu and kDGelu with its column sums)
+//    against the emulation: the GPU's tanh.approx against std::tanh, so codes within one step.
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_fp8.h>
@@ -321,6 +326,71 @@ TEST(CudaFp8, GeluEpiloguesAndResidualMatchTheEmulation) {
   EXPECT_LT(eY, 1.0 / 128);
   EXPECT_LT(eD, 1.0 / 128);
   EXPECT_LT(eR, 1.0 / 128);
+}
+
+// Codes a (GPU) and b (emulation) of one format: how many differ, and whether any differs by more
+// than one step (same sign, adjacent magnitudes).
+std::pair<int64_t, bool> codeSteps(const Tensor& a, const Tensor& b) {
+  int64_t diff = 0;
+  bool far = false;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const int x = a.data<uint8_t>()[i], y = b.data<uint8_t>()[i];
+    if (x == y) continue;
+    ++diff;
+    const bool adjacent = (x & 0x80) == (y & 0x80) && std::abs((x & 0x7f) - (y & 0x7f)) == 1;
+    const bool zeros = ((x & 0x7f) == 0 && (y & 0x7f) <= 1) || ((y & 0x7f) == 0 && (x & 0x7f) <= 1);
+    far |= !(adjacent || zeros);
+  }
+  return {diff, far};
+}
+
+// GELU(x) and dy * GELU'(pre) computed inside the cast kernels (the GPT MLP's fused casts) against
+// the emulation, which computes them with std::tanh in f32 and casts: the GPU's tanh.approx is
+// within ~2^-11 relative, so a code may be one step off where a value lands that close to a
+// rounding boundary (E4M3's steps are 2^-4 relative: a small fraction), the scale equal to ~1e-3,
+// the column sums (fc's bias gradient, f32 in another order) to 1e-3 of each column's |sum|. The
+// transposed copy is checked bitwise against the GPU's own codes. 256 x 768: the vectorized
+// kernel; 40 x 72 (R not a multiple of 16 with the transpose): the one-element kernel.
+TEST(CudaFp8, GeluInsideTheCastsMatchesTheEmulation) {
+  for (const auto& [R, C] : {std::pair<int64_t, int64_t>{256, 768}, {40, 72}})
+    for (Fp8CastOp op : {Fp8CastOp::kGelu, Fp8CastOp::kDGelu})
+      for (DType t : {DType::kBF16, DType::kF32}) {
+        const bool dgelu = op == Fp8CastOp::kDGelu;
+        const std::string what = std::to_string(R) + "x" + std::to_string(C) + (dgelu ? " dgelu " : " gelu ") +
+                                 dtypeName(t);
+        const Fp8Format f = dgelu ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+        Fp8Options o;
+        o.recipe = Fp8Recipe::kCurrent;
+        Fp8State sc(f, o, Device::cpu()), sg(f, o, gpu());
+        const Tensor x = wave(R, C, dgelu ? 1e-2f : 4.f, 1, t), pre = wave(R, C, 4.f, 2, DType::kBF16);
+        const Tensor xg = x.to(gpu()), preg = pre.to(gpu());
+        Tensor qc = Tensor::empty({R, C}, DType::kU8), qtc = Tensor::empty({C, R}, DType::kU8);
+        Tensor qg = Tensor::empty({R, C}, DType::kU8, gpu()), qtg = Tensor::empty({C, R}, DType::kU8, gpu());
+        Tensor cc = Tensor::empty({C}, DType::kF32), cg = Tensor::empty({C}, DType::kF32, gpu());
+        fp8QuantizeFrom(qc, Fp8CastInput{&x, op, dgelu ? &pre : nullptr, dgelu ? &cc : nullptr}, sc, &qtc);
+        fp8QuantizeFrom(qg, Fp8CastInput{&xg, op, dgelu ? &preg : nullptr, dgelu ? &cg : nullptr}, sg, &qtg);
+        const Tensor a = qg.to(Device::cpu()), at = qtg.to(Device::cpu());
+        const auto [diff, far] = codeSteps(a, qc);
+        int64_t transposeBad = 0;
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t c = 0; c < C; ++c)
+            transposeBad += at.data<uint8_t>()[c * R + r] != a.data<uint8_t>()[r * C + c];
+        std::printf("%s: %lld of %lld codes one step from the emulation\n", what.c_str(),
+                    static_cast<long long>(diff), static_cast<long long>(R * C));
+        EXPECT_FALSE(far) << what;
+        EXPECT_LT(diff, R * C / 50) << what;
+        EXPECT_EQ(transposeBad, 0) << what;
+        const std::vector<float> vc = sc.read(), vg = sg.read();
+        EXPECT_NEAR(vg[Fp8State::kScale], vc[Fp8State::kScale], 1e-3 * vc[Fp8State::kScale]) << what;
+        if (!dgelu) continue;
+        const Tensor cgh = cg.to(Device::cpu());
+        for (int64_t c = 0; c < C; ++c) {
+          double absSum = 0;
+          for (int64_t r = 0; r < R; ++r)
+            absSum += std::fabs(valueAt(x, r * C + c) * geluTanhGrad(valueAt(pre, r * C + c)));
+          EXPECT_NEAR(cgh.data<float>()[c], cc.data<float>()[c], 1e-3 * absSum + 1e-30) << what << " column " << c;
+        }
+      }
 }
 
 }  // namespace

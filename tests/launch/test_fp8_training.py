@@ -84,6 +84,26 @@ class Fp8Training(unittest.TestCase):
                 p = run(1, [f"--run.dir={d}", "--run.name=bad"] + args, timeout=120)
                 self.assertEqual(p.returncode, 2, f"{args}: {p.stderr[-2000:]}")
                 self.assertIn(key, p.stderr, args)
+            # Read when the FP8 layers are made, at model setup, before the first step.
+            p = subprocess.run([TRAINER] + BASE + [f"--run.dir={d}", "--run.name=bad_env", "--train.max_steps=2"],
+                               capture_output=True, text=True, timeout=120, env=dict(os.environ, MT_FP8_GELU="4"))
+            self.assertEqual(p.returncode, 2, p.stderr[-2000:])
+            self.assertIn("MT_FP8_GELU='4' is out of range (0..3)", p.stderr)
+
+    def test_gelu_modes_train_alike_and_profile_range_is_harmless_on_the_cpu(self):
+        # MT_FP8_GELU = 3 (the GELU inside the casts) and 0 (its kernels) compute the same values on
+        # the CPU: the same losses to the bit. run.profile_from on a CPU run warns and trains.
+        with tempfile.TemporaryDirectory() as d:
+            got = {}
+            for mode in ("0", "3"):
+                p = subprocess.run([TRAINER] + BASE + [f"--run.dir={d}", f"--run.name=gelu{mode}", "--train.max_steps=6",
+                                                       "--run.profile_from=2", "--run.profile_steps=2"],
+                                   capture_output=True, text=True, timeout=300, env=dict(os.environ, MT_FP8_GELU=mode))
+                self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+                self.assertIn("run.profile_from: no CUDA device in this run, nothing to profile", p.stdout + p.stderr)
+                got[mode] = losses(os.path.join(d, f"gelu{mode}"))
+            self.assertEqual(sorted(got["3"]), list(range(1, 7)))
+            self.assertEqual(got["0"], got["3"])
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 // FP8 training on the CPU emulation (models/layers/Fp8Linear.h): the Linear's three GEMMs against
 // f32 (a wrong transpose or scale would be off by O(1), FP8 rounding is a few percent), a tiny GPT
 // trained in FP8 with both recipes staying close to f32, activation checkpointing bit-identical to
-// none (recomputation replays the forward's scales), and evaluation leaving the scaling state alone.
+// none (recomputation replays the forward's scales), evaluation leaving the scaling state alone, and
+// the GELU inside the casts (MT_FP8_GELU = 3) giving the bits of the GELU kernels around them.
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
+#include "models/layers/Activation.h"
 #include "models/layers/Linear.h"
 #include "tests/models/GptTraining.h"
 
@@ -37,6 +41,30 @@ double relErr(const Tensor& got, const Tensor& want) {
   return std::sqrt(num / den);
 }
 
+// Two Linear layers [in, out] on the CPU with the same weights and bias and zeroed gradients: b in
+// FP8 with this recipe, a too when bothFp8 (else f32).
+struct LinearPair {
+  ParamTable ta, tb;
+  Linear a, b;
+  LinearPair(int64_t in, int64_t out, Fp8Recipe recipe, bool bothFp8) : a(in, out), b(in, out) {
+    a.registerParams(ta, "");
+    b.registerParams(tb, "");
+    ta.materialize(Device::cpu());
+    tb.materialize(Device::cpu());
+    Fp8Training f;
+    f.enabled = true;
+    f.options.recipe = recipe;
+    b.enableFp8(f);
+    if (bothFp8) a.enableFp8(f);
+    for (Linear* l : {&a, &b}) {
+      l->weight()->value.copyFrom(wave({out, in}, 0.2f, 1));
+      l->bias()->value.copyFrom(wave({out}, 0.1f, 2));
+    }
+    ta.zeroGrads();
+    tb.zeroGrads();
+  }
+};
+
 // One Linear layer in f32 and in FP8: y, dx, dW and db on uniform random data. E4M3 keeps 3
 // mantissa bits (relative rounding error up to 2^-4, about 2.3% RMS on uniform data), E5M2 2 bits
 // (4.5%); a GEMM's relative error in norm is about its operands' RMS errors combined, and db is
@@ -45,22 +73,8 @@ TEST(GptFp8, LinearGemmsAreCloseToF32) {
   for (Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kDelayed}) {
     SCOPED_TRACE(enumName(fp8Recipes(), recipe));
     const int64_t N = 48, I = 40, O = 24;
-    ParamTable t32, t8;
-    Linear l32(I, O), l8(I, O);
-    l32.registerParams(t32, "");
-    l8.registerParams(t8, "");
-    t32.materialize(Device::cpu());
-    t8.materialize(Device::cpu());
-    Fp8Training f;
-    f.enabled = true;
-    f.options.recipe = recipe;
-    l8.enableFp8(f);
-    for (Linear* l : {&l32, &l8}) {
-      l->weight()->value.copyFrom(wave({O, I}, 0.2f, 1));
-      l->bias()->value.copyFrom(wave({O}, 0.1f, 2));
-    }
-    t32.zeroGrads();
-    t8.zeroGrads();
+    LinearPair pair(I, O, recipe, false);
+    Linear &l32 = pair.a, &l8 = pair.b;
     Context ctx;
     for (int step = 0; step < 3; ++step) {  // delayed: the later steps cast with the history's scale
       const Tensor x = wave({N, I}, 1.5f, 3 + step), dy = wave({N, O}, 1e-3f, 5 + step);
@@ -170,6 +184,73 @@ TEST(GptFp8, StatesAreNamedAndEvaluationLeavesThemAlone) {
   for (size_t i = 0; i < states.size(); ++i) {
     EXPECT_EQ(states[i].second->read(), before[i]) << states[i].first;
     EXPECT_EQ(states[i].second->casts(), 1) << states[i].first;
+  }
+}
+
+// MT_FP8_GELU for one scope (Fp8Linear reads it at construction).
+struct GeluModeEnv {
+  explicit GeluModeEnv(const char* v) { setenv("MT_FP8_GELU", v, 1); }
+  ~GeluModeEnv() { unsetenv("MT_FP8_GELU"); }
+};
+
+bool sameBits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.rawData(), b.rawData(), a.nbytes()) == 0;
+}
+
+// The fused casts against the GELU kernels around the plain casts, on the CPU where both compute
+// the GELU with the same expressions (core/GeluMath.h) and std::tanh: forwardAddGelu(pre) equals
+// forwardAdd(GELU(pre)), backwardThroughGelu(dg, pre) equals backward(dg * GELU'(pre)) in dx, dW
+// and db, bit for bit, over three steps of each recipe. A cast that skipped the GELU, used GELU
+// instead of GELU', or summed the wrong values into db would differ by O(1).
+TEST(GptFp8, GeluInsideTheCastsMatchesTheGeluKernels) {
+  for (Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kDelayed}) {
+    SCOPED_TRACE(enumName(fp8Recipes(), recipe));
+    const int64_t N = 48, I = 64, O = 32;
+    LinearPair pair(I, O, recipe, true);
+    Linear &la = pair.a, &lb = pair.b;
+    Context ctx;
+    for (int step = 0; step < 3; ++step) {
+      const Tensor pre = wave({N, I}, 3.f, 3 + step), res = wave({N, O}, 1.f, 4 + step);
+      Tensor g = Tensor::empty({N, I}, DType::kF32);
+      geluForward(g, pre, GeluKind::kTanh);
+      Tensor ya = la.forwardAdd(g, res, ctx), yb = lb.forwardAddGelu(pre, res, ctx);
+      EXPECT_TRUE(sameBits(ya, yb)) << "forward, step " << step;
+      // Backward as the layer before a GELU: lb's output taken as the pre-activation of width O.
+      const Tensor dg = wave({N, O}, 1e-3f, 5 + step), opre = wave({N, O}, 3.f, 6 + step);
+      Tensor dpre = Tensor::empty({N, O}, DType::kF32);
+      geluBackward(dpre, dg, opre, GeluKind::kTanh);
+      Tensor dxa = la.backward(dpre, ctx), dxb = lb.backwardThroughGelu(dg, opre, ctx);
+      EXPECT_TRUE(sameBits(dxa, dxb)) << "dx, step " << step;
+      EXPECT_TRUE(sameBits(la.weight()->grad, lb.weight()->grad)) << "dW, step " << step;
+      EXPECT_TRUE(sameBits(la.bias()->grad, lb.bias()->grad)) << "db, step " << step;
+    }
+    EXPECT_GT(std::fabs(la.bias()->grad.data<float>()[0]), 0.f);
+  }
+}
+
+// The same through a whole GPT: MT_FP8_GELU = 3 (the default) trains to the bits of 0, without and
+// with pointwise recomputation (which makes fcProj's input again from pre inside its cast).
+TEST(GptFp8, GptWithTheGeluInsideTheCastsIsBitIdentical) {
+  GptConfig c = tinyGpt();
+  c.fp8.enabled = true;
+  c.fp8.options.recipe = Fp8Recipe::kDelayed;
+  c.fp8.options.historyLength = 4;
+  for (auto mode : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
+                    ActivationCheckpointing::kSelective}) {
+    SCOPED_TRACE(enumName(activationCheckpointings(), mode));
+    c.checkpointing = mode;
+    test::GptRun kernels, inCasts;
+    {
+      GeluModeEnv env("0");
+      kernels = test::trainGpt(c, Device::cpu(), true, 4, 4);
+    }
+    {
+      GeluModeEnv env("3");
+      inCasts = test::trainGpt(c, Device::cpu(), true, 4, 4);
+    }
+    EXPECT_EQ(kernels.losses, inCasts.losses);
+    EXPECT_TRUE(kernels.values == inCasts.values) << "parameters differ after 4 steps";
+    EXPECT_LE(inCasts.keptBytes, kernels.keptBytes);
   }
 }
 
