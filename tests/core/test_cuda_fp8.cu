@@ -328,26 +328,33 @@ TEST(CudaFp8, GeluEpiloguesAndResidualMatchTheEmulation) {
   EXPECT_LT(eR, 1.0 / 128);
 }
 
-// Codes a (GPU) and b (emulation) of one format: how many differ, and whether any differs by more
-// than one step (same sign, adjacent magnitudes).
-std::pair<int64_t, bool> codeSteps(const Tensor& a, const Tensor& b) {
+// Codes a (GPU) and b (emulation) of format f, both made with scale `scale` from values whose
+// largest magnitude is amax: how many differ, and the worst excess of |decoded a - decoded b| over
+// what the GPU's tanh.approx explains: one code step at the larger value plus `slack` x amax (the
+// error of the GELU or GELU' itself; GELU' near its zero at x ~ -0.75 is a difference of two O(1)
+// terms, so there a value of ~1e-3 amax may move by several of its own small steps, or change sign).
+std::pair<int64_t, double> codeExcess(const Tensor& a, const Tensor& b, Fp8Format f, float scale, double amax,
+                                      double slack) {
   int64_t diff = 0;
-  bool far = false;
+  double worst = 0;
+  const int mbits = f == Fp8Format::kE4M3 ? 3 : 2;
   for (int64_t i = 0; i < a.numel(); ++i) {
-    const int x = a.data<uint8_t>()[i], y = b.data<uint8_t>()[i];
+    const uint8_t x = a.data<uint8_t>()[i], y = b.data<uint8_t>()[i];
     if (x == y) continue;
     ++diff;
-    const bool adjacent = (x & 0x80) == (y & 0x80) && std::abs((x & 0x7f) - (y & 0x7f)) == 1;
-    const bool zeros = ((x & 0x7f) == 0 && (y & 0x7f) <= 1) || ((y & 0x7f) == 0 && (x & 0x7f) <= 1);
-    far |= !(adjacent || zeros);
+    const double vx = fp8ToFloat(x, f) / scale, vy = fp8ToFloat(y, f) / scale;
+    const double big = std::max(std::fabs(vx), std::fabs(vy));
+    const double step = big * std::ldexp(1.0, -mbits);  // a code step at the larger magnitude (or above)
+    worst = std::max(worst, std::fabs(vx - vy) - step - slack * amax);
   }
-  return {diff, far};
+  return {diff, worst};
 }
 
 // GELU(x) and dy * GELU'(pre) computed inside the cast kernels (the GPT MLP's fused casts) against
 // the emulation, which computes them with std::tanh in f32 and casts: the GPU's tanh.approx is
 // within ~2^-11 relative, so a code may be one step off where a value lands that close to a
-// rounding boundary (E4M3's steps are 2^-4 relative: a small fraction), the scale equal to ~1e-3,
+// rounding boundary (E4M3's steps are 2^-4 relative; measured 0.1-0.3 % of the codes for GELU,
+// 1.1-1.5 % for dGELU on the H100), or further where GELU' is near zero (codeExcess); the scale to ~1e-3,
 // the column sums (fc's bias gradient, f32 in another order) to 1e-3 of each column's |sum|. The
 // transposed copy is checked bitwise against the GPU's own codes. 256 x 768: the vectorized
 // kernel; 40 x 72 (R not a multiple of 16 with the transpose): the one-element kernel.
@@ -370,17 +377,17 @@ TEST(CudaFp8, GeluInsideTheCastsMatchesTheEmulation) {
         fp8QuantizeFrom(qc, Fp8CastInput{&x, op, dgelu ? &pre : nullptr, dgelu ? &cc : nullptr}, sc, &qtc);
         fp8QuantizeFrom(qg, Fp8CastInput{&xg, op, dgelu ? &preg : nullptr, dgelu ? &cg : nullptr}, sg, &qtg);
         const Tensor a = qg.to(Device::cpu()), at = qtg.to(Device::cpu());
-        const auto [diff, far] = codeSteps(a, qc);
+        const std::vector<float> vc = sc.read(), vg = sg.read();
+        const auto [diff, excess] = codeExcess(a, qc, f, vc[Fp8State::kScale], vc[Fp8State::kAmax], 2e-3);
         int64_t transposeBad = 0;
         for (int64_t r = 0; r < R; ++r)
           for (int64_t c = 0; c < C; ++c)
             transposeBad += at.data<uint8_t>()[c * R + r] != a.data<uint8_t>()[r * C + c];
-        std::printf("%s: %lld of %lld codes one step from the emulation\n", what.c_str(),
-                    static_cast<long long>(diff), static_cast<long long>(R * C));
-        EXPECT_FALSE(far) << what;
-        EXPECT_LT(diff, R * C / 50) << what;
+        std::printf("%s: %lld of %lld codes differ from the emulation, worst excess %.3g of amax\n", what.c_str(),
+                    static_cast<long long>(diff), static_cast<long long>(R * C), excess / vc[Fp8State::kAmax]);
+        EXPECT_LE(excess, 0.0) << what;
+        EXPECT_LT(diff, R * C / 20) << what;
         EXPECT_EQ(transposeBad, 0) << what;
-        const std::vector<float> vc = sc.read(), vg = sg.read();
         EXPECT_NEAR(vg[Fp8State::kScale], vc[Fp8State::kScale], 1e-3 * vc[Fp8State::kScale]) << what;
         if (!dgelu) continue;
         const Tensor cgh = cg.to(Device::cpu());
