@@ -13,7 +13,25 @@ cd "$(dirname "$0")/../.."
 build=build-sm90
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DMT_SHARED=ON \
   -DBUILD_TESTING=ON >/dev/null
-cmake --build "$build" -j "${JOBS:-$(nproc)}"
+# A source edited while the build runs can leave an object compiled from its old text but newer than
+# the edit, which make then keeps (one such dist/ crashed at exit on a changed struct layout): files
+# changed during the build are touched and built again until none changed.
+# (A build that failed is retried the same way when sources changed under it: its error may be theirs.)
+for pass in 1 2 3; do
+  stamp=$(mktemp)
+  built=1
+  cmake --build "$build" -j "${JOBS:-$(nproc)}" || built=0
+  changed=$(find core comm topo sharding data models launch export tests -newer "$stamp" -type f \
+    \( -name '*.h' -o -name '*.cuh' -o -name '*.cpp' -o -name '*.cu' -o -name CMakeLists.txt \) | head -50)
+  rm -f "$stamp"
+  if [[ -z "$changed" ]]; then
+    [[ $built == 1 ]] && break
+    exit 1
+  fi
+  echo "build_for_device: edited during the build, building again: $(echo "$changed" | tr '\n' ' ')" >&2
+  [[ $pass == 3 ]] && { echo "build_for_device: sources keep changing; stop editing and run again" >&2; exit 1; }
+  echo "$changed" | xargs touch
+done
 rm -rf dist
 mkdir -p dist/bin dist/lib dist/fallback-lib dist/fashion-idx
 for f in "$build"/bin/*; do strip -o "dist/bin/$(basename "$f")" "$f"; done
