@@ -138,39 +138,6 @@ void castCpu(Tensor& q, const Tensor& x, Tensor* transposed, float scale, Fp8For
     castLoop(q.data<uint8_t>(), qt, x.data<float>(), n, cols, scale, format);
 }
 
-}  // namespace
-
-void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
-  checkCastOperands(q, x, transposed);
-  if (x.device().isCuda()) {
-#ifdef MT_WITH_CUDA
-    cuda::fp8QuantizeOnDevice(q, x, st, transposed);
-    return;
-#endif
-  }
-  const int L = st.options().historyLength;
-  float* v = st.values().data<float>();
-  const float amax = amaxCpu(x);
-  scaleBeforeCast(v, L, st.format(), st.options(), st.casts() == 0, amax);
-  castCpu(q, x, transposed, v[Fp8State::kScale], st.format());
-  pushHistory(v, L, amax);
-  st.setCasts(st.casts() + 1);
-}
-
-void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed) {
-  checkCastOperands(q, x, transposed);
-  if (x.device().isCuda()) {
-#ifdef MT_WITH_CUDA
-    cuda::fp8QuantizeReplayOnDevice(q, x, st, transposed);
-    return;
-#endif
-  }
-  const float scale = st.values().data<float>()[Fp8State::kScale];
-  castCpu(q, x, transposed, scale, st.format());
-}
-
-namespace {
-
 void checkCastInput(const Fp8CastInput& in) {
   MT_CHECK(in.x != nullptr, "fp8 cast without an input");
   const Tensor& x = *in.x;
@@ -221,30 +188,49 @@ Tensor castSourceCpu(const Fp8CastInput& in) {
   return out;
 }
 
+// The CPU cast of x (the emulation's values) with st's recipe, st updated.
+void quantizeCpu(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
+  const int L = st.options().historyLength;
+  float* v = st.values().data<float>();
+  const float amax = amaxCpu(x);
+  scaleBeforeCast(v, L, st.format(), st.options(), st.casts() == 0, amax);
+  castCpu(q, x, transposed, v[Fp8State::kScale], st.format());
+  pushHistory(v, L, amax);
+  st.setCasts(st.casts() + 1);
+}
+
 }  // namespace
 
 void fp8QuantizeFrom(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed) {
   checkCastInput(in);
-  if (in.op != Fp8CastOp::kValue && in.x->device().isCuda()) {
+  checkCastOperands(q, *in.x, transposed);
+  if (in.x->device().isCuda()) {
 #ifdef MT_WITH_CUDA
-    checkCastOperands(q, *in.x, transposed);
-    cuda::fp8QuantizeFusedOnDevice(q, in, st, transposed);
+    cuda::fp8QuantizeOnDevice(q, in, st, transposed);
     return;
 #endif
   }
-  fp8Quantize(q, castSourceCpu(in), st, transposed);
+  quantizeCpu(q, castSourceCpu(in), st, transposed);
 }
 
 void fp8QuantizeReplayFrom(Tensor& q, const Fp8CastInput& in, const Fp8State& st, Tensor* transposed) {
   checkCastInput(in);
-  if (in.op != Fp8CastOp::kValue && in.x->device().isCuda()) {
+  checkCastOperands(q, *in.x, transposed);
+  if (in.x->device().isCuda()) {
 #ifdef MT_WITH_CUDA
-    checkCastOperands(q, *in.x, transposed);
-    cuda::fp8QuantizeFusedReplayOnDevice(q, in, st, transposed);
+    cuda::fp8QuantizeReplayOnDevice(q, in, st, transposed);
     return;
 #endif
   }
-  fp8QuantizeReplay(q, castSourceCpu(in), st, transposed);
+  castCpu(q, castSourceCpu(in), transposed, st.values().data<float>()[Fp8State::kScale], st.format());
+}
+
+void fp8Quantize(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
+  fp8QuantizeFrom(q, Fp8CastInput{&x}, st, transposed);
+}
+
+void fp8QuantizeReplay(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed) {
+  fp8QuantizeReplayFrom(q, Fp8CastInput{&x}, st, transposed);
 }
 
 void fp8Dequantize(Tensor& x, const Tensor& q, const Fp8State& st) {

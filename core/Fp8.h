@@ -243,11 +243,9 @@ bool fp8GemmGelu(const Fp8GemmArgs& a);
 
 namespace cuda {
 // The CUDA halves (core/cuda/Fp8.cu), in CUDA builds.
-void fp8QuantizeOnDevice(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed);
-void fp8QuantizeReplayOnDevice(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed);
-// The kGelu / kDGelu casts of fp8QuantizeFrom and fp8QuantizeReplayFrom.
-void fp8QuantizeFusedOnDevice(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed);
-void fp8QuantizeFusedReplayOnDevice(Tensor& q, const Fp8CastInput& in, const Fp8State& st, Tensor* transposed);
+// fp8QuantizeFrom and fp8QuantizeReplayFrom (and so the plain casts, kValue).
+void fp8QuantizeOnDevice(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed);
+void fp8QuantizeReplayOnDevice(Tensor& q, const Fp8CastInput& in, const Fp8State& st, Tensor* transposed);
 void fp8DequantizeOnDevice(Tensor& x, const Tensor& q, const Fp8State& st);
 // Element-wise cast with CUDA's own __nv_cvt_float_to_fp8 (tests compare fp8FromFloat with it).
 void fp8CastIntrinsic(Tensor& q, const Tensor& x, Fp8Format f);

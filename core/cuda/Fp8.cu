@@ -378,22 +378,14 @@ cudaDataType_t fp8Type(Fp8Format f) {
 
 }  // namespace
 
-void fp8QuantizeOnDevice(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
-  fp8QuantizeFusedOnDevice(q, Fp8CastInput{&x}, st, transposed);
-}
-
-void fp8QuantizeReplayOnDevice(Tensor& q, const Tensor& x, const Fp8State& st, Tensor* transposed) {
-  fp8QuantizeFusedReplayOnDevice(q, Fp8CastInput{&x}, st, transposed);
-}
-
-void fp8QuantizeFusedOnDevice(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed) {
+void fp8QuantizeOnDevice(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed) {
   checkStateDevice(st, *in.x);
   if (in.x->numel() == 0) return;
   const int64_t C = colsOf(*in.x), R = in.x->numel() / C;
   withLoad(in, [&](const auto& ld) { quantizeWith(ld, q, R, C, st, transposed, in.colSum); });
 }
 
-void fp8QuantizeFusedReplayOnDevice(Tensor& q, const Fp8CastInput& in, const Fp8State& st, Tensor* transposed) {
+void fp8QuantizeReplayOnDevice(Tensor& q, const Fp8CastInput& in, const Fp8State& st, Tensor* transposed) {
   checkStateDevice(st, *in.x);
   if (in.x->numel() == 0) return;
   const int64_t C = colsOf(*in.x), R = in.x->numel() / C;
