@@ -94,7 +94,7 @@ Tensor& FeedbackReducer::errorFor(int param) {
   Tensor& e = errors_[param];
   if (!e.defined()) {
     const Param& p = table_[static_cast<size_t>(param)];
-    e = Tensor::zeros({p.numel()}, DType::kF32, p.grad.device());
+    e = Tensor::zeros({p.numel()}, DType::kF32, table_.device());
   }
   return e;
 }
@@ -108,7 +108,7 @@ int FeedbackReducer::paramIndex(const std::string& name) const {
 bool FeedbackReducer::restoreInto(Tensor& slot, int param, const Tensor& value, int64_t numel,
                                   const Shape& shape) const {
   if (param < 0 || value.dtype() != DType::kF32 || value.numel() != numel) return false;
-  slot = Tensor::empty(shape, DType::kF32, table_[static_cast<size_t>(param)].grad.device());
+  slot = Tensor::empty(shape, DType::kF32, table_.device());
   slot.copyFrom(value.view(shape));
   return true;
 }
@@ -195,7 +195,7 @@ Tensor& PowerSgdReducer::qFor(const Matrix& m) {
   for (int64_t i = 0; i < host.numel(); ++i)
     h[i] = rng.normal();
   orthonormalizeColumns(h, m.cols, m.rank, Device::cpu());
-  q = host.to(table_[static_cast<size_t>(m.param)].grad.device());
+  q = host.to(table_.device());
   return q;
 }
 

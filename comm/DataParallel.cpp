@@ -46,7 +46,10 @@ void DataParallel::assign(const std::vector<int>& order) {
     if (static_cast<double>(currentBytes) >= cap) close();
   }
   close();
-  table_.setGradLayout(offsets, Tensor::zeros({cursor}, table_.dtype(), table_.device()));
+  std::vector<GradRange> groups;  // a bucket is one gradient buffer where gradients live per step
+  for (const Bucket& b : buckets_)
+    groups.push_back({b.offset, b.numel});
+  table_.setGradLayout(offsets, std::move(groups));
   pending_.assign(buckets_.size(), 0);
   ready_.assign(buckets_.size(), false);
   seen_.assign(table_.size(), false);
@@ -92,7 +95,7 @@ void DataParallel::launch(int b) {
   t.bucket = b;
   t.bytes = bucket.numel * static_cast<int64_t>(dtypeSize(table_.dtype()));
   t.readyUs = wallMicros();
-  reducer_->launch(bucket, table_.flatGrads().flatSlice(bucket.offset, bucket.numel));
+  reducer_->launch(bucket, table_.gradSlice(bucket.offset, bucket.numel));
 }
 
 void DataParallel::finishBackward() {
@@ -101,10 +104,11 @@ void DataParallel::finishBackward() {
   inBackward_ = false;
   if (!sync_) return;
   // Parameters that got no gradient this step (unused in forward) still take part, with zeros,
-  // so that every rank launches every bucket.
+  // so that every rank launches every bucket (per-step gradient buffers made for them now).
+  table_.needAllGrads();
   while (nextToLaunch_ < static_cast<int>(buckets_.size())) launch(nextToLaunch_++);
   for (const Bucket& bucket : buckets_) {
-    reducer_->wait(bucket, table_.flatGrads().flatSlice(bucket.offset, bucket.numel));
+    reducer_->wait(bucket, table_.gradSlice(bucket.offset, bucket.numel));
     BucketTrace& t = trace_[static_cast<size_t>(bucket.index)];
     if (auto w = reducer_->firstWork(bucket.index)) t.startedUs = w->record().startedUs;
     if (auto w = reducer_->lastWork(bucket.index)) t.doneUs = w->record().completedUs;

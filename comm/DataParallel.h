@@ -2,14 +2,15 @@
 // Data parallelism over a Communicator (PyTorch DDP's reducer, in C++).
 //
 // Gradients live in flat buckets: the ParamTable's gradient buffer is laid out bucket by bucket,
-// so each bucket is one contiguous slice and is reduced in place with no copy. Buckets are filled
-// in reverse parameter order (the order backward produces gradients), the first capped at
-// first_bucket_mb so communication starts early, the rest at bucket_cap_mb. A bucket is launched
-// the moment its last gradient is ready — while backward still computes earlier layers — and
-// buckets are launched strictly in index order, so every rank issues the same collectives in the
-// same order even if its gradients become ready in another order. With rebuild_buckets the
-// assignment is rebuilt after the first step from the ready order rank 0 observed (broadcast, so
-// identical everywhere).
+// so each bucket is one contiguous slice and is reduced in place with no copy (with per-step
+// gradients, core/ParamTable's GradLifetime::kPerStep, each bucket is a buffer of its own).
+// Buckets are filled in reverse parameter order (the order backward produces gradients), the
+// first capped at first_bucket_mb so communication starts early, the rest at bucket_cap_mb. A
+// bucket is launched the moment its last gradient is ready — while backward still computes
+// earlier layers — and buckets are launched strictly in index order, so every rank issues the same
+// collectives in the same order even if its gradients become ready in another order. With
+// rebuild_buckets the assignment is rebuilt after the first step from the ready order rank 0
+// observed (broadcast, so identical everywhere).
 
 #include <memory>
 #include <vector>

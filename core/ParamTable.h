@@ -1,9 +1,12 @@
 #pragma once
 // The parameter table: every trainable tensor of a model, registered by name in a fixed order that
 // is identical on all ranks (it is the model's construction order). Values live in one flat buffer
-// in registration order; gradients live in a flat buffer whose layout the data-parallel buckets may
-// change (reverse order, observed ready order), so buckets are contiguous slices of it. Optimizers,
-// buckets, sharding and checkpoints all walk this table instead of the model.
+// in registration order. Gradients have a flat layout (an offset per parameter) that the
+// data-parallel buckets may change (reverse order, observed ready order), cut into groups (a unit's
+// run of parameters, or a bucket) so that a bucket is one contiguous slice. How long gradient
+// memory lives is the table's GradLifetime: one buffer for the run, or one buffer per group made
+// when backward first reaches the group and dropped after the optimizer step. Optimizers, buckets,
+// sharding and checkpoints all walk this table instead of the model.
 
 #include <functional>
 #include <string>
@@ -42,6 +45,21 @@ enum class ParamStorage {
                    // on the GPU (it would add 8 bytes a parameter to the engine's construction peak)
 };
 
+// How long gradient memory lives (train.gradient_buffers).
+enum class GradLifetime {
+  kPersistent,  // one buffer for the run, zeroed before each step
+  kPerStep      // one buffer per group, made (zeroed) when backward first needs one of its
+                // parameters' gradients and dropped after the optimizer step, as PyTorch's
+                // zero_grad(set_to_none=True): at the start of backward, where activations peak,
+                // the gradients of the units backward has not reached take no memory
+};
+
+// A contiguous range of the gradient layout, in elements.
+struct GradRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
 class ParamTable {
  public:
   ParamTable() = default;
@@ -70,19 +88,43 @@ class ParamTable {
   DType dtype() const { return dtype_; }
 
   Tensor flatValues() const { return values_; }  // storage layout (aligned, with zero gaps)
-  // The gradient buffer of the current layout (all gradients, contiguous).
+  // The gradient buffer of the current layout (all gradients, contiguous); kPersistent only
+  // (undefined with per-step gradients: use gradSlice).
   Tensor flatGrads() const { return grads_; }
+  // [offset, offset + numel) of the gradient layout, inside one group whose buffer exists.
+  Tensor gradSlice(int64_t offset, int64_t numel) const;
+  // Bytes of every gradient of the layout (what the gradients take once all exist).
+  int64_t gradBytes() const { return gradNumel_ * static_cast<int64_t>(dtypeSize(dtype_)); }
+  // Bytes of the gradient buffers that exist now.
+  int64_t residentGradBytes() const;
+  // Before a step: kPersistent zeroes the buffer; kPerStep drops the groups (made zeroed again
+  // when needed), as dropGrads().
   void zeroGrads();
+
+  // Per-step gradients (no-ops with kPersistent and after releaseStorage): needGrads makes the
+  // groups holding `unit`'s gradients (zeroed) and binds their Param::grad views; the models call
+  // it before a unit's backward (and GPT before its forward writes the classifier's gradient).
+  // needAllGrads makes the rest (parameters that got no gradient take part as zeros). dropGrads
+  // releases every group: Param::grad is undefined until the next needGrads, and whoever kept
+  // views (optimizer segments) must drop them for the memory to go.
+  GradLifetime gradLifetime() const { return gradLifetime_; }
+  void setGradLifetime(GradLifetime lifetime);  // re-lays the gradients out (values not kept)
+  void needGrads(int unit);
+  void needAllGrads();
+  void dropGrads();
 
   // Sharding keeps parameters in per-unit buffers instead: drops the flat buffers (Param::value
   // and ::grad become whatever the sharding engine binds, undefined between uses).
   void releaseStorage();
   bool storageReleased() const { return released_; }
 
-  // Re-lays the gradients out: param i's gradient starts at offsets[i] in `buffer`. Used by the
-  // bucket builder; the old gradient values are not carried over (call between steps).
-  void setGradLayout(const std::vector<int64_t>& offsets, Tensor buffer);
+  // Re-lays the gradients out: param i's gradient starts at offsets[i] of the layout, which
+  // `groups` cut into contiguous ranges (in order, from 0, each parameter inside one). Used by the
+  // bucket builder (a group per bucket); the old gradient values are not carried over (call
+  // between steps). kPersistent allocates one zeroed buffer for the layout.
+  void setGradLayout(const std::vector<int64_t>& offsets, std::vector<GradRange> groups);
   const std::vector<int64_t>& gradOffsets() const { return gradOffsets_; }
+  const std::vector<GradRange>& gradGroups() const { return gradGroups_; }
 
  private:
   std::vector<std::unique_ptr<Param>> params_;
@@ -91,9 +133,18 @@ class ParamTable {
   int64_t storageNumel_ = 0;
   Device device_;
   DType dtype_ = DType::kF32;
+  void makeGroup(size_t g);
+  void bindGroup(size_t g, const Tensor& buffer, int64_t bufferStart);
+
   Tensor values_;
-  Tensor grads_;
+  Tensor grads_;  // kPersistent: the whole layout
   std::vector<int64_t> gradOffsets_;
+  std::vector<GradRange> gradGroups_;
+  std::vector<Tensor> groupBuffers_;              // kPerStep: per group, undefined until needed
+  std::vector<std::vector<size_t>> groupParams_;  // per group: its parameters
+  std::vector<std::vector<size_t>> unitGroups_;   // per unit: the groups holding its gradients
+  int64_t gradNumel_ = 0;
+  GradLifetime gradLifetime_ = GradLifetime::kPersistent;
   bool released_ = false;
 };
 

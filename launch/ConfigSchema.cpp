@@ -140,6 +140,15 @@ const std::vector<ConfigKey>& configSchema() {
              "gpt: what a training forward keeps of each block; backward recomputes the rest"),
       integer("train.activation_checkpointing_every", "1", atLeast(1),
               "gpt: checkpoint blocks 0, k, 2k, ... only (1: every block)"),
+      choice("train.gradient_buffers", "auto",
+             {{"auto", "per_step with train.device = cuda, persistent on the CPU"},
+              {"per_step",
+               "no_shard: each unit's (or data-parallel bucket's) gradient buffer is made when backward "
+               "reaches it "
+               "and freed after the optimizer step, as PyTorch's zero_grad(set_to_none=True): the "
+               "activations' peak "
+               "at the start of backward holds almost no gradients"},
+              {"persistent", "one gradient buffer for the whole run, zeroed before each step"}}),
       integer("train.eval_batch_size", "1000", kPositive, "global batch size for evaluation"),
       integer("train.eval_interval", "0", kNonNegative, "steps between evaluations (0: at the end of every epoch)"),
       choice("train.device", "cpu", {{"cpu", ""}, {"cuda", "GPU = node-local rank modulo the visible GPUs"}}),

@@ -42,6 +42,8 @@ class Replicated final : public Parallelism {
       dp_->broadcastParameters(0);
       model.setHooks(dp_.get());
     }
+    // After the buckets' layout: per-step gradients are one buffer per bucket (or per unit).
+    model.params().setGradLifetime(s.gradLifetime);
     optimizer_ = makeOptimizer(s.optim, segmentsOf(model.params()));
   }
   ~Replicated() override {
@@ -63,18 +65,24 @@ class Replicated final : public Parallelism {
   }
   void finishBackward() override {
     if (dp_) dp_->finishBackward();
+    rebindGrads();
   }
   void clipGradNorm(float maxNorm) override { clipGradNormInPlace(optimizer_->segments(), maxNorm); }
   void step(float lr) override { optimizer_->step(lr); }
   void afterStep() override {
-    if (dp_ && dp_->afterStep()) optimizer_->rebind(segmentsOf(model_.params()));
+    ParamTable& t = model_.params();
+    // Per-step gradients go now, before evaluation or the next forward: the optimizer's views
+    // are dropped with them (they would keep the buffers alive).
+    const bool perStep = t.gradLifetime() == GradLifetime::kPerStep;
+    if (perStep) t.dropGrads();
+    if ((dp_ && dp_->afterStep()) || perStep) optimizer_->rebind(segmentsOf(t));
   }
   void afterEvalForward() override {}
   void afterLoad() override {}
   MemoryAccount measureMemory() override {
     MemoryAccount m;
     m.paramBytes = static_cast<int64_t>(model_.params().flatValues().nbytes());
-    m.gradBytes = static_cast<int64_t>(model_.params().flatGrads().nbytes());
+    m.gradBytes = model_.params().gradBytes();
     m.optimizerBytes = optimizer_->stateBytes();
     m.devicePeakBytes = allocatorFor(model_.params().device()).stats().peakAllocatedBytes;
     return m;
@@ -94,6 +102,15 @@ class Replicated final : public Parallelism {
   std::vector<Communicator*> groupCommunicators() override { return groupsOf(groups_.get()); }
 
  private:
+  // Per-step gradients: every buffer exists after backward (one a parameter without a gradient
+  // this step gets as zeros), and the optimizer, clipping and the loss scaler read these views.
+  void rebindGrads() {
+    ParamTable& t = model_.params();
+    if (t.gradLifetime() != GradLifetime::kPerStep) return;
+    t.needAllGrads();
+    optimizer_->rebind(segmentsOf(t));
+  }
+
   Model& model_;
   std::unique_ptr<NodeGroups> groups_;
   std::unique_ptr<DataParallel> dp_;

@@ -59,6 +59,30 @@ std::vector<int64_t> unitSizes(const ParamTable& t) {
   return units;
 }
 
+// no_shard's gradients. Per step (core/ParamTable's GradLifetime), a unit's buffer is made when
+// backward reaches it: at the start of backward, where the activations peak, only the gradients
+// forward wrote (GPT: the embedding unit's, the classifier's) and those of the first unit backward
+// enters (the last; GPT: with the last block) exist; at the end of backward all of them do, with
+// the activations freed. The row is what the gradients add to the larger of the two. With
+// accumulation every gradient is there from the second micro-step on.
+Row gradientRow(const Settings& s, const std::vector<int64_t>& units, int64_t activations, bool gpt,
+                bool cuda, int64_t persistent) {
+  if (s.gradLifetime != GradLifetime::kPerStep || units.empty()) return {"gradients", persistent, true};
+  // Micro-steps after the first run forward and backward with every gradient kept.
+  if (s.gradAccum > 1) return {"gradients (per step, kept over the micro-steps)", persistent, true};
+  auto bytes = [&](size_t u) {
+    const auto b = static_cast<size_t>(units[u] * 4);
+    return static_cast<int64_t>(cuda ? roundAllocationSize(b) : b);
+  };
+  const size_t n = units.size();
+  int64_t atStart = bytes(n - 1), all = 0;
+  if (gpt && n >= 3) atStart += bytes(0) + bytes(n - 2);
+  for (size_t u = 0; u < n; ++u)
+    all += bytes(u);
+  if (atStart >= all - activations) return {"gradients, per step: those at backward's start", atStart, true};
+  return {"gradients, per step: all, less the activations freed", all - activations, true};
+}
+
 // The rows of the sharded engine's buffers (sharding/ShardUnit, ShardedEngine): per unit, as the
 // engine allocates them, each rounded to the caching allocator's size class on a GPU.
 struct ShardRows {
@@ -261,7 +285,7 @@ int planCommand(const std::vector<std::string>& args) {
     addShardedRows(ShardRows{s, units, S, cuda}, stateBytesPerParam, s.model.type == "gpt" ? 1 : 0, rows);
   } else {
     rows.push_back({"parameters (f32 master)", P * 4, true});
-    rows.push_back({"gradients", P * 4, true});
+    rows.push_back(gradientRow(s, units, act.total(), s.model.type == "gpt", cuda, P * 4));
     rows.push_back({"optimizer state (" + s.optim.type + ")", P * stateBytesPerParam, true});
   }
   for (const auto& kv : act.byKind)

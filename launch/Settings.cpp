@@ -132,6 +132,12 @@ Settings Settings::fromConfig(const Config& c) {
   s.evalBatch = c.i64("train.eval_batch_size");
   s.evalInterval = c.i64("train.eval_interval");
   s.device = c.str("train.device");
+  // auto: per step on a GPU, where memory is what limits; persistent on the host, where a buffer
+  // this large goes back to the OS when freed and would be faulted in again every step.
+  const std::string gradBuffers = c.str("train.gradient_buffers");
+  s.gradLifetime = gradBuffers == "per_step" || (gradBuffers == "auto" && s.device == "cuda")
+                       ? GradLifetime::kPerStep
+                       : GradLifetime::kPersistent;
   s.precision = c.str("train.precision");
   if (s.precision != "f32" && s.precision != "fp8" && s.device != "cuda")
     c.fail("train.precision", "bf16 and f16 need train.device = cuda");

@@ -38,7 +38,8 @@ struct Settings {
   LoaderOptions loader;  // batchSize is filled in per rank
   // train
   int64_t epochs = 0, maxSteps = 0, globalBatch = 0, evalBatch = 0, evalInterval = 0;
-  int64_t gradAccum = 1;  // micro-batches per optimizer step
+  int64_t gradAccum = 1;                                  // micro-batches per optimizer step
+  GradLifetime gradLifetime = GradLifetime::kPersistent;  // train.gradient_buffers, auto resolved (no_shard)
   std::string device = "cpu";
   std::string precision = "f32";
   double lossScaleInit = 65536.0;         // f16's loss scaler (train.loss_scale_*)

@@ -29,7 +29,9 @@ class Model {
   // Runs forward and the loss. With ctx.training the activations and the loss gradient are kept
   // for backward(). validForMean: number of rows the loss mean is taken over (-1: this batch's).
   virtual LossStats forward(const Batch& batch, Context& ctx, int64_t validForMean = -1) = 0;
-  // Backward of the loss of the last training forward; accumulates into Param::grad.
+  // Backward of the loss of the last training forward; accumulates into Param::grad. Before each
+  // unit's backward (and before a forward that writes a gradient) the model calls
+  // params().needGrads(unit), which makes that unit's gradient buffers where they live per step.
   virtual void backward(Context& ctx) = 0;
   // Fills parameters from the seed (deterministic, identical on all ranks).
   virtual void initParams(uint64_t seed) = 0;

@@ -48,6 +48,7 @@ void Sequential::backward(Context& ctx) {
     const int unit = unitOf_[i];
     if (unit != current) {
       if (hooks_ && current >= 0) hooks_->afterUnitBackward(current);
+      params_.needGrads(unit);  // per-step gradient buffers made as backward reaches them
       if (hooks_) hooks_->beforeUnitBackward(unit);
       current = unit;
     }

@@ -16,8 +16,10 @@ namespace mt {
 namespace {
 
 void checkSegment(const OptimSegment& s) {
-  MT_CHECK(s.value.numel() == s.grad.numel() && s.value.dtype() == DType::kF32 &&
-               (s.grad.dtype() == DType::kF32 || s.grad.dtype() == DType::kBF16),
+  // No gradient: per-step gradient buffers between steps (rebound before the next step reads them).
+  MT_CHECK(s.value.dtype() == DType::kF32 &&
+               (!s.grad.defined() || (s.value.numel() == s.grad.numel() &&
+                                      (s.grad.dtype() == DType::kF32 || s.grad.dtype() == DType::kBF16))),
            "optimizer segment ", s.value.str(), " / ", s.grad.str());
   // The device optimizers do not write copies.
   MT_CHECK(!s.copy.defined() || (s.copy.numel() == s.value.numel() && s.copy.dtype() == DType::kBF16 &&
@@ -42,6 +44,12 @@ void Optimizer::rebind(std::vector<OptimSegment> segs) {
     checkSegment(segs[i]);
   }
   segments_ = std::move(segs);
+}
+
+void Optimizer::checkGrads(size_t first, size_t last) const {
+  for (size_t i = first; i < last; ++i)
+    MT_CHECK(segments_[i].grad.defined(), "optimizer step over segment ", i,
+             " without a gradient (per-step gradients not rebound after backward)");
 }
 
 void Optimizer::step(float lr) {
@@ -218,7 +226,9 @@ std::vector<OptimSegment> segmentsOf(ParamTable& table) {
   std::vector<OptimSegment> out;
   for (size_t i = 0; i < table.size(); ++i) {
     Param& p = table[i];
-    out.push_back({p.value.view({p.numel()}), p.grad.view({p.numel()}), p.decay, p.offset});
+    // (no gradient between steps where gradients live per step)
+    out.push_back({p.value.view({p.numel()}), p.grad.defined() ? p.grad.view({p.numel()}) : Tensor(), p.decay,
+                   p.offset});
   }
   return out;
 }

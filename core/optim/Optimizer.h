@@ -51,6 +51,7 @@ class Optimizer {
   // own pass; the host only: the device path scales in place, clipGradNormOnDevice).
   virtual void beginStep() { ++steps_; }
   void stepSegments(float lr, size_t first, size_t last, float gradScale = 1.f) {
+    checkGrads(first, last);
     updateSegments(lr, first, last, gradScale);
   }
   // Named flat state buffers, same order on every rank (a SplitOptimizer's: host copies).
@@ -62,7 +63,8 @@ class Optimizer {
   int64_t stepCount() const { return steps_; }
   virtual void setStepCount(int64_t s) { steps_ = s; }
   virtual int64_t stateBytes();
-  // New views for the same segments (sizes unchanged; state kept), after a gradient re-layout.
+  // New views for the same segments (sizes unchanged; state kept), after a gradient re-layout or
+  // once per step where gradients live per step (their grad undefined between steps).
   virtual void rebind(std::vector<OptimSegment> segs);
   const std::vector<OptimSegment>& segments() const { return segments_; }
   // Offset of segment i in each flat state buffer.
@@ -71,6 +73,7 @@ class Optimizer {
  protected:
   explicit Optimizer(std::vector<OptimSegment> segs);
   virtual void updateSegments(float lr, size_t first, size_t last, float gradScale) = 0;
+  void checkGrads(size_t first, size_t last) const;
   std::vector<OptimSegment> segments_;
   std::vector<int64_t> stateOffsets_;  // start of each segment in the flat state
   int64_t stateNumel_ = 0;

@@ -118,6 +118,7 @@ void Gpt::initParams(uint64_t seed) {
 }
 
 void Gpt::hookBefore(int unit, bool backward) {
+  if (backward) params_.needGrads(unit);  // per-step gradient buffers made as backward reaches them
   if (!hooks_) return;
   if (backward) hooks_->beforeUnitBackward(unit);
   else hooks_->beforeUnitForward(unit);
@@ -310,6 +311,7 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
   Tensor wteGrad;
   if (ctx.training) {
     dxf_ = Tensor::empty({N, C}, act, dev);
+    params_.needGrads(wte_->unit);  // the classifier's wte gradient is written now, in forward
     const bool direct = wte_->grad.defined() && (!hooks_ || hooks_->gradsKeptAcrossForward());
     wteGradEarly_ = direct ? Tensor() : Tensor::zeros(wte_->value.shape(), DType::kF32, dev);
     wteGrad = direct ? wte_->grad : wteGradEarly_;
