@@ -34,7 +34,20 @@ CachingDeviceAllocator::~CachingDeviceAllocator() {
     cudaFree(kv.first);
   // Live blocks belong to tensors that outlive the runtime: a bug, but not one to crash on here.
   for (auto& kv : live_)
-    cudaFree(kv.first);
+    if (!isLarge(kv.second.size)) cudaFree(kv.first);
+  for (void* seg : large_.segments())
+    cudaFree(seg);
+}
+
+void CachingDeviceAllocator::recycleLocked(const Block& b) {
+  if (isLarge(b.size)) {
+    large_.give(b.ptr);
+    return;
+  }
+  Block f = b;
+  f.otherStreams.clear();
+  free_[{f.stream, f.size}].push_back(f.ptr);
+  freeBlocks_[f.ptr] = f;
 }
 
 void CachingDeviceAllocator::processPendingLocked() {
@@ -48,10 +61,7 @@ void CachingDeviceAllocator::processPendingLocked() {
     }
     for (cudaEvent_t e : pending_[i].second)
       cudaEventDestroy(e);
-    Block b = pending_[i].first;
-    b.otherStreams.clear();
-    free_[{b.stream, b.size}].push_back(b.ptr);
-    freeBlocks_[b.ptr] = b;
+    recycleLocked(pending_[i].first);
     pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
@@ -63,6 +73,44 @@ void CachingDeviceAllocator::releaseCachedLocked() {
   }
   freeBlocks_.clear();
   free_.clear();
+  for (const auto& seg : large_.releasable()) {  // segments of which nothing is in use
+    large_.removeSegment(seg.first);
+    cudaFree(seg.first);
+    stats_.reservedBytes -= static_cast<int64_t>(seg.second);
+  }
+}
+
+// A cached block of `size` (small: that class; large: the best fit, split), or null.
+void* CachingDeviceAllocator::takeLocked(size_t size, cudaStream_t stream, size_t* got) {
+  *got = size;
+  if (isLarge(size)) return large_.take(stream, size, got);
+  auto it = free_.find({stream, size});
+  if (it == free_.end() || it->second.empty()) return nullptr;
+  void* ptr = it->second.back();
+  it->second.pop_back();
+  freeBlocks_.erase(ptr);
+  return ptr;
+}
+
+// New device memory of `size` bytes (the cache released and the call retried once when short).
+void* CachingDeviceAllocator::mallocLocked(size_t size, size_t requested) {
+  if (cap_ && static_cast<size_t>(stats_.reservedBytes) + size > cap_) releaseCachedLocked();
+  if (cap_ && static_cast<size_t>(stats_.reservedBytes) + size > cap_)
+    throw OutOfMemoryError(oomMessage("CUDA out of memory under the memory cap", requested, stats_, cap_));
+  void* ptr = nullptr;
+  cudaError_t e = cudaMalloc(&ptr, size);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear the sticky-free error state of the failed call
+    releaseCachedLocked();
+    e = cudaMalloc(&ptr, size);
+  }
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw OutOfMemoryError(oomMessage("CUDA out of memory", requested, stats_, cap_));
+  }
+  CUDA_CHECK(e);
+  stats_.reservedBytes += static_cast<int64_t>(size);
+  return ptr;
 }
 
 void* CachingDeviceAllocator::allocate(size_t bytes) {
@@ -72,31 +120,17 @@ void* CachingDeviceAllocator::allocate(size_t bytes) {
   cudaStream_t stream = currentStream();
   std::lock_guard<std::mutex> lock(mutex_);
   processPendingLocked();
-  auto it = free_.find({stream, size});
-  void* ptr = nullptr;
-  if (it != free_.end() && !it->second.empty()) {
-    ptr = it->second.back();
-    it->second.pop_back();
-    freeBlocks_.erase(ptr);
-  } else {
-    if (cap_ && static_cast<size_t>(stats_.reservedBytes) + size > cap_) releaseCachedLocked();
-    if (cap_ && static_cast<size_t>(stats_.reservedBytes) + size > cap_)
-      throw OutOfMemoryError(oomMessage("CUDA out of memory under the memory cap", bytes, stats_, cap_));
-    cudaError_t e = cudaMalloc(&ptr, size);
-    if (e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear the sticky-free error state of the failed call
-      releaseCachedLocked();
-      e = cudaMalloc(&ptr, size);
+  size_t got = size;
+  void* ptr = takeLocked(size, stream, &got);
+  if (!ptr) {
+    ptr = mallocLocked(size, bytes);
+    if (isLarge(size)) {  // a segment of its own, taken whole
+      large_.addSegment(ptr, size, stream);
+      ptr = large_.take(stream, size, &got);
     }
-    if (e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      throw OutOfMemoryError(oomMessage("CUDA out of memory", bytes, stats_, cap_));
-    }
-    CUDA_CHECK(e);
-    stats_.reservedBytes += static_cast<int64_t>(size);
   }
-  live_[ptr] = Block{ptr, size, stream, {}};
-  stats_.allocatedBytes += static_cast<int64_t>(size);
+  live_[ptr] = Block{ptr, got, stream, {}};
+  stats_.allocatedBytes += static_cast<int64_t>(got);
   stats_.peakAllocatedBytes = std::max(stats_.peakAllocatedBytes, stats_.allocatedBytes);
   stats_.numAllocs++;
   return ptr;
@@ -112,8 +146,7 @@ void CachingDeviceAllocator::deallocate(void* ptr, size_t) noexcept {
   live_.erase(it);
   stats_.allocatedBytes -= static_cast<int64_t>(b.size);
   if (b.otherStreams.empty()) {
-    free_[{b.stream, b.size}].push_back(ptr);
-    freeBlocks_[ptr] = b;
+    recycleLocked(b);
     return;
   }
   std::vector<cudaEvent_t> events;

@@ -2,11 +2,15 @@
 // GPU memory allocators, owned by a CudaRuntime.
 //
 // CachingDeviceAllocator: cudaMalloc is slow and synchronises the device, so freed blocks are kept
-// in size classes and reused. Sizes round up to 512 B below 1 MiB and to one of four classes per
-// power of two above (waste <= 25%). A block belongs to the stream it was allocated on and is
-// reused by that stream at once (stream order makes it safe); a block also used on other streams
-// (recordStream) waits for events on them before reuse. When cudaMalloc fails, the cache is
-// released and the call retried once; then OutOfMemoryError reports the request and the stats.
+// and reused. Sizes round up to 512 B below 1 MiB and to one of four classes per power of two above
+// (waste <= 25%). Blocks below 1 MiB are reused by exact size class; larger ones come from
+// segments (one cudaMalloc each) that core/BlockPool splits and merges again (best fit), so memory
+// freed in one pattern of sizes serves another — the activations freed during backward hold the
+// per-step gradient buffers made then — without reserving more. A block belongs to the stream it
+// was allocated on and is reused by that stream at once (stream order makes it safe); a block also
+// used on other streams (recordStream) waits for events on them before reuse. When cudaMalloc
+// fails, the cache (wholly free segments and small blocks) is released and the call retried once;
+// then OutOfMemoryError reports the request and the stats.
 // A memory cap (bytes reserved at most) makes "train within N GiB" testable on a large GPU.
 //
 // PinnedHostAllocator: page-locked host memory (cudaHostAlloc) for fast, asynchronous copies,
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "core/Allocator.h"
+#include "core/BlockPool.h"
 
 namespace mt {
 
@@ -57,15 +62,20 @@ class CachingDeviceAllocator final : public Allocator {
     cudaStream_t stream;
     std::vector<cudaStream_t> otherStreams;
   };
+  static bool isLarge(size_t size) { return size >= (size_t{1} << 20); }
   void releaseCachedLocked();
   void processPendingLocked();
+  void recycleLocked(const Block& b);  // a freed block whose uses are all complete
+  void* takeLocked(size_t size, cudaStream_t stream, size_t* got);
+  void* mallocLocked(size_t size, size_t requested);
 
   int device_;
   size_t cap_ = 0;
   mutable std::mutex mutex_;
   std::map<void*, Block> live_;  // ordered: recordStream finds the block holding an interior pointer
-  std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> free_;  // (stream, size) -> blocks
-  std::unordered_map<void*, Block> freeBlocks_;
+  std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> free_;  // small: (stream, size) -> blocks
+  std::unordered_map<void*, Block> freeBlocks_;                           // small
+  BlockPool large_;
   std::vector<std::pair<Block, std::vector<cudaEvent_t>>> pending_;  // freed, waiting on events
   AllocatorStats stats_;
 };

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <thread>
+#include <vector>
 
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"
@@ -34,6 +35,36 @@ TEST(CudaAllocator, ReusesFreedBlocksOnTheSameStream) {
   EXPECT_EQ(a.stats().reservedBytes, before.reservedBytes);
 }
 
+// Large blocks are cut from freed segments (core/BlockPool): memory freed in one size serves
+// requests of another without reserving more (per-step gradient buffers in the activations
+// backward has freed), and goes back to CUDA once whole again.
+TEST(CudaAllocator, FreedLargeBlocksServeOtherSizesWithoutReservingMore) {
+  CachingDeviceAllocator& a = CudaRuntime::require().allocator();
+  a.emptyCache();
+  const AllocatorStats before = a.stats();
+  std::vector<void*> act;
+  for (int i = 0; i < 3; ++i)
+    act.push_back(a.allocate(210u << 20));
+  a.deallocate(act[1], 0);
+  a.deallocate(act[2], 0);
+  const int64_t reserved = a.stats().reservedBytes;
+  std::vector<void*> grads;
+  for (int i = 0; i < 4; ++i)
+    grads.push_back(a.allocate(100u << 20));
+  EXPECT_EQ(a.stats().reservedBytes, reserved);
+  EXPECT_EQ(a.stats().allocatedBytes,
+            before.allocatedBytes +
+                static_cast<int64_t>(roundAllocationSize(210u << 20) + 4 * roundAllocationSize(100u << 20)));
+  for (void* g : grads)
+    CUDA_CHECK(cudaMemset(g, 1, 100u << 20));  // the memory is really there
+  for (void* g : grads)
+    a.deallocate(g, 0);
+  a.deallocate(act[0], 0);
+  a.emptyCache();
+  EXPECT_EQ(a.stats().reservedBytes, before.reservedBytes);
+  EXPECT_EQ(a.stats().allocatedBytes, before.allocatedBytes);
+}
+
 TEST(CudaAllocator, RecordedStreamsDelayReuse) {
   CudaRuntime& rt = CudaRuntime::require();
   CachingDeviceAllocator& a = rt.allocator();
@@ -44,7 +75,8 @@ TEST(CudaAllocator, RecordedStreamsDelayReuse) {
   EXPECT_FALSE(a.recordStream(&dummy, other.get()));
   // Keep `other` busy so the recorded event cannot have completed yet.
   void* big = a.allocate(256 << 20);
-  for (int i = 0; i < 100; ++i) CUDA_CHECK(cudaMemsetAsync(big, i, 256 << 20, other.get()));
+  for (int i = 0; i < 100; ++i)
+    CUDA_CHECK(cudaMemsetAsync(big, i, 256 << 20, other.get()));
   a.deallocate(p, 0);
   void* q = a.allocate(1 << 22);
   EXPECT_NE(p, q);  // still in use on `other`
@@ -74,7 +106,8 @@ TEST(CudaAllocator, CapAndOutOfMemoryAreClearErrors) {
 
 TEST(CudaAllocator, TensorsOnTheDevice) {
   Tensor t = Tensor::empty({1000}, DType::kF32);
-  for (int i = 0; i < 1000; ++i) t.data<float>()[i] = static_cast<float>(i);
+  for (int i = 0; i < 1000; ++i)
+    t.data<float>()[i] = static_cast<float>(i);
   Tensor d = t.to(Device::cuda(0));
   EXPECT_TRUE(d.device().isCuda());
   Tensor e = d.clone();
