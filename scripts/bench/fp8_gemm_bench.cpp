@@ -12,7 +12,9 @@
 // column is the median of --reps timed runs after 3 untimed, as TFLOP/s (2·M·N·K per GEMM). "step"
 // sums the three GEMMs; "fp8+cast" adds what FP8 needs besides: casting x (with x^T), dy (with
 // dy^T) and W (with W^T) once each, delayed scaling. The last column is bf16 step time over fp8
-// step-with-casts time: above 1, FP8 wins for that layer. A table, then one JSON line per row.
+// step-with-casts time: above 1, FP8 wins for that layer; "cast GB/s" the casts' bytes (bf16 in,
+// codes and transposed codes out) over their time (with their scale and history kernels). A
+// table, then one JSON line per row.
 
 #include <cuda_runtime.h>
 
@@ -175,8 +177,9 @@ int main(int argc, char** argv) {
     const Device dev = Device::cuda(0);
     std::printf("fp8_gemm_bench on %s, M = %lld tokens, median of %d\n", rt.deviceName().c_str(),
                 static_cast<long long>(opt.tokens), opt.reps);
-    std::printf("%6s %-7s %6s %6s | %-22s | %-22s | %8s %8s %8s %6s\n", "C", "layer", "O", "I",
-                "bf16 TFLOP/s fwd/dg/wg", "fp8 TFLOP/s fwd/dg/wg", "bf16 ms", "fp8 ms", "+cast ms", "win");
+    std::printf("%6s %-7s %6s %6s | %-22s | %-22s | %8s %8s %8s %6s %8s\n", "C", "layer", "O", "I",
+                "bf16 TFLOP/s fwd/dg/wg", "fp8 TFLOP/s fwd/dg/wg", "bf16 ms", "fp8 ms", "+cast ms", "win",
+                "cast GB/s");
     std::vector<Row> rows;
     for (int64_t c : opt.widths) {
       const struct {
@@ -192,11 +195,13 @@ int main(int argc, char** argv) {
                               tflops(O, I, M, r.fp8Ms[2])};
         const double bStep = r.bf16Ms[0] + r.bf16Ms[1] + r.bf16Ms[2];
         const double fStep = r.fp8Ms[0] + r.fp8Ms[1] + r.fp8Ms[2];
+        // The casts' bytes: each bf16 operand read once, its codes and their transpose written.
+        const double castGBs = 4.0 * static_cast<double>(M * I + O * I + M * O) / (r.castMs * 1e-3) / 1e9;
         std::printf(
             "%6lld %-7s %6lld %6lld | %6.0f %6.0f %6.0f     | %6.0f %6.0f %6.0f     | %8.3f %8.3f %8.3f "
-            "%6.2f\n",
+            "%6.2f %8.0f\n",
             static_cast<long long>(c), l.name, static_cast<long long>(O), static_cast<long long>(I), tb[0],
-            tb[1], tb[2], tf[0], tf[1], tf[2], bStep, fStep, fStep + r.castMs, bStep / (fStep + r.castMs));
+            tb[1], tb[2], tf[0], tf[1], tf[2], bStep, fStep, fStep + r.castMs, bStep / (fStep + r.castMs), castGBs);
         rows.push_back(r);
       }
     }

@@ -114,8 +114,8 @@ void expectStatesEqual(const Fp8State& cpu, const Fp8State& dev, const std::stri
 TEST(CudaFp8, QuantizeKernelsMatchTheEmulation) {
   // 333 x 77: the one-element-per-thread kernel (C not a multiple of 8), not a multiple of its 32 x
   // 32 tiles; 208 x 200 and 256 x 768: the vectorized one (C % 8 == 0, R % 16 == 0), a partial and
-  // whole 64 x 64 tiles.
-  for (const auto& [R, C] : {std::pair<int64_t, int64_t>{333, 77}, {208, 200}, {256, 768}})
+  // whole 64 x 64 tiles; 160 x 136: a partial last row tile and a partial column tile at once.
+  for (const auto& [R, C] : {std::pair<int64_t, int64_t>{333, 77}, {208, 200}, {256, 768}, {160, 136}})
   for (Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kDelayed})
     for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
       for (DType t : {DType::kF32, DType::kBF16}) {
@@ -357,9 +357,10 @@ std::pair<int64_t, double> codeExcess(const Tensor& a, const Tensor& b, Fp8Forma
 // 1.1-1.5 % for dGELU on the H100), or further where GELU' is near zero (codeExcess); the scale to ~1e-3,
 // the column sums (fc's bias gradient, f32 in another order) to 1e-3 of each column's |sum|. The
 // transposed copy is checked bitwise against the GPU's own codes. 256 x 768: the vectorized
-// kernel; 40 x 72 (R not a multiple of 16 with the transpose): the one-element kernel.
+// kernel; 40 x 72 (R not a multiple of 16 with the transpose): the one-element kernel; 160 x 136:
+// the vectorized kernel with partial row and column tiles (column sums of a half tile).
 TEST(CudaFp8, GeluInsideTheCastsMatchesTheEmulation) {
-  for (const auto& [R, C] : {std::pair<int64_t, int64_t>{256, 768}, {40, 72}})
+  for (const auto& [R, C] : {std::pair<int64_t, int64_t>{256, 768}, {40, 72}, {160, 136}})
     for (Fp8CastOp op : {Fp8CastOp::kGelu, Fp8CastOp::kDGelu})
       for (DType t : {DType::kBF16, DType::kF32}) {
         const bool dgelu = op == Fp8CastOp::kDGelu;
