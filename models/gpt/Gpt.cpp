@@ -173,8 +173,9 @@ void Gpt::checkpoint(Block& b, const Tensor& x, const Tensor& qkvOut, const Tens
 }
 
 // The same layers on the same inputs as the block's forward (the same kernels, so the same bits):
-// blocks reruns all of it; selective reruns the LayerNorms, attention and the fc GEMM, and hands
-// the GEMMs whose outputs it kept their recomputed inputs.
+// blocks reruns all of it but fcProj's GEMM (whose output backward never reads); selective reruns
+// the LayerNorms, attention and the fc GEMM; both hand the GEMMs they do not rerun their recomputed
+// inputs.
 void Gpt::recompute(Block& b, Context& ctx) {
   MT_CHECK(b.input.defined(), "gpt: a checkpointed block's backward without its forward");
   // FP8 casts replay the forward's scales (the Linears' scaling states are not stepped again).
@@ -187,19 +188,24 @@ void Gpt::recompute(Block& b, Context& ctx) {
         l->setRecomputing(on);
     }
   } replay(b);
-  if (cfg_.checkpointing == ActivationCheckpointing::kBlocks) {
-    Tensor x = b.input;
-    b.input = Tensor();
-    blockForward(b, x, ctx);
-    return;
-  }
-  const Tensor x = b.input, qkv = b.qkvOut, x1 = b.x1;
-  b.input = b.qkvOut = b.x1 = Tensor();
-  Tensor h1 = b.ln1->forward(x, ctx);
-  b.qkv->restoreInput(h1, ctx);
+  const Tensor x = b.input;
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), cfg_.channels}, matmulDType(x.device()), x.device());
-  attentionForward(y, qkv, cfg_.heads, &b.att, cfg_.attention);
-  b.proj->restoreInput(y, ctx);
+  Tensor x1;
+  if (cfg_.checkpointing == ActivationCheckpointing::kBlocks) {
+    // The block's forward up to fcProj's input: fcProj's GEMM makes the next block's input, which
+    // backward does not read, so it does not run again (its input is restored, as in selective).
+    b.input = Tensor();
+    Tensor qkv = b.qkv->forward(b.ln1->forward(x, ctx), ctx);
+    attentionForward(y, qkv, cfg_.heads, &b.att, cfg_.attention);
+    x1 = b.proj->forwardAdd(y, x, ctx);
+  } else {
+    const Tensor qkv = b.qkvOut;
+    x1 = b.x1;
+    b.input = b.qkvOut = b.x1 = Tensor();
+    b.qkv->restoreInput(b.ln1->forward(x, ctx), ctx);
+    attentionForward(y, qkv, cfg_.heads, &b.att, cfg_.attention);
+    b.proj->restoreInput(y, ctx);
+  }
   Tensor h2 = b.ln2->forward(x1, ctx);
   if (geluInCasts(b, x.dim(0) * x.dim(1), x.device())) {
     b.pre = b.fc->forward(h2, ctx);
