@@ -127,15 +127,15 @@ class ParamTable {
   const std::vector<GradRange>& gradGroups() const { return gradGroups_; }
 
  private:
+  void makeGroup(size_t g);  // group g's buffer, zeroed, and its parameters' views
+  void bindGroup(size_t g, const Tensor& buffer, int64_t bufferStart);
+
   std::vector<std::unique_ptr<Param>> params_;
   int currentUnit_ = 0;
   int64_t numel_ = 0;
   int64_t storageNumel_ = 0;
   Device device_;
   DType dtype_ = DType::kF32;
-  void makeGroup(size_t g);
-  void bindGroup(size_t g, const Tensor& buffer, int64_t bufferStart);
-
   Tensor values_;
   Tensor grads_;  // kPersistent: the whole layout
   std::vector<int64_t> gradOffsets_;
