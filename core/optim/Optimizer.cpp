@@ -47,6 +47,8 @@ void Optimizer::rebind(std::vector<OptimSegment> segs) {
 }
 
 void Optimizer::checkGrads(size_t first, size_t last) const {
+  MT_CHECK(first <= last && last <= segments_.size(), "optimizer: segments [", first, ", ", last, ") of ",
+           segments_.size());
   for (size_t i = first; i < last; ++i)
     MT_CHECK(segments_[i].grad.defined(), "optimizer step over segment ", i,
              " without a gradient (per-step gradients not rebound after backward)");
