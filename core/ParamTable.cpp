@@ -4,6 +4,18 @@
 
 namespace mt {
 
+namespace {
+
+// The group (ordered, contiguous from 0) whose range starts at or before `offset`: the one holding
+// it if any does; groups.size() when offset is negative or there are none.
+size_t groupAt(const std::vector<GradRange>& groups, int64_t offset) {
+  auto it = std::upper_bound(groups.begin(), groups.end(), offset,
+                             [](int64_t o, const GradRange& g) { return o < g.offset; });
+  return it == groups.begin() ? groups.size() : static_cast<size_t>(std::prev(it) - groups.begin());
+}
+
+}  // namespace
+
 Param& ParamTable::add(const std::string& name, const Shape& shape, bool decay) {
   MT_CHECK(!materialized(), "parameter ", name, " added after materialize()");
   MT_CHECK(find(name) == nullptr, "duplicate parameter name ", name);
@@ -95,12 +107,9 @@ void ParamTable::setGradLayout(const std::vector<int64_t>& offsets, std::vector<
   unitGroups_.assign(static_cast<size_t>(numUnits()), {});
   for (size_t i = 0; i < params_.size(); ++i) {
     const int64_t off = offsets[i], n = params_[i]->numel();
-    auto it = std::upper_bound(groups.begin(), groups.end(), off,
-                               [](int64_t o, const GradRange& g) { return o < g.offset; });
-    MT_CHECK(it != groups.begin() && off >= 0 && off + n <= std::prev(it)->offset + std::prev(it)->numel,
-             "the gradient of ", params_[i]->name, " at ", off, " (", n,
-             " elements) is not inside one grad group");
-    const size_t g = static_cast<size_t>(std::prev(it) - groups.begin());
+    const size_t g = groupAt(groups, off);
+    MT_CHECK(g < groups.size() && off + n <= groups[g].offset + groups[g].numel, "the gradient of ",
+             params_[i]->name, " at ", off, " (", n, " elements) is not inside one grad group");
     groupParams_[g].push_back(i);
     auto& ug = unitGroups_[static_cast<size_t>(params_[i]->unit)];
     if (std::find(ug.begin(), ug.end(), g) == ug.end()) ug.push_back(g);
@@ -165,10 +174,8 @@ Tensor ParamTable::gradSlice(int64_t offset, int64_t numel) const {
     MT_CHECK(grads_.defined(), "gradSlice on a table without gradient storage");
     return grads_.flatSlice(offset, numel);
   }
-  auto it = std::upper_bound(gradGroups_.begin(), gradGroups_.end(), offset,
-                             [](int64_t o, const GradRange& g) { return o < g.offset; });
-  MT_CHECK(it != gradGroups_.begin(), "gradSlice at ", offset);
-  const size_t g = static_cast<size_t>(std::prev(it) - gradGroups_.begin());
+  const size_t g = groupAt(gradGroups_, offset);
+  MT_CHECK(g < gradGroups_.size(), "gradSlice at ", offset);
   const GradRange& r = gradGroups_[g];
   MT_CHECK(offset + numel <= r.offset + r.numel, "gradSlice [", offset, ", ", offset + numel,
            ") crosses the end of its grad group at ", r.offset + r.numel);

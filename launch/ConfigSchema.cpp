@@ -144,10 +144,8 @@ const std::vector<ConfigKey>& configSchema() {
              {{"auto", "per_step with train.device = cuda, persistent on the CPU"},
               {"per_step",
                "no_shard: each unit's (or data-parallel bucket's) gradient buffer is made when backward "
-               "reaches it "
-               "and freed after the optimizer step, as PyTorch's zero_grad(set_to_none=True): the "
-               "activations' peak "
-               "at the start of backward holds almost no gradients"},
+               "reaches it and freed after the optimizer step, as PyTorch's zero_grad(set_to_none=True): "
+               "the activations' peak at the start of backward holds almost no gradients"},
               {"persistent", "one gradient buffer for the whole run, zeroed before each step"}}),
       integer("train.eval_batch_size", "1000", kPositive, "global batch size for evaluation"),
       integer("train.eval_interval", "0", kNonNegative, "steps between evaluations (0: at the end of every epoch)"),
