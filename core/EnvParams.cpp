@@ -52,7 +52,7 @@ const std::vector<EnvParamInfo>& envParamTable() {
        0, 3},
       {EnvParam::kLnKernel, "MT_LN_KERNEL", "1",
        "LayerNorm on the GPU: 1 = warp-per-row kernels with the row in registers (C a multiple of 8, at most "
-       "1024); 0 = the generic kernels for every shape (same math, for A/B timing)",
+       "2048); 0 = the generic kernels for every shape (same math, for A/B timing)",
        0, 1},
       {EnvParam::kConvAlgo, "MT_CONV_ALGO", "0",
        "cuDNN convolution algorithms, chosen once per geometry and precision: 0 = cuDNN's heuristic order "

@@ -1,14 +1,17 @@
 // LayerNorm over the last dimension (math in models/layers/LayerNorm.h).
 // Two kernel families, chosen by MT_LN_KERNEL (core/EnvParams.cpp):
-// - vectorised (default, C % 8 == 0 and C <= 32 * 8 * kMaxVec): one warp per row, the row held in
-//   registers (16-byte loads, lane l owning channels 8 (l + 32 k) ..+8), mean/variance and the
-//   backward's two row means by warp shuffles only — no block barrier per row. Backward: each warp
-//   walks a fixed set of rows and keeps dw/db of its channels in registers; the block's warps add
-//   theirs in warp order into one partial per block, summed in block order by lnBwdReduce.
+// - vectorised (default, C % 8 == 0 and C <= 32 * 8 * kMaxVec = 2048): one warp per row, the row
+//   held in registers (16-byte loads, lane l owning channels 8 (l + 32 k) ..+8), mean/variance and
+//   the backward's two row means by warp shuffles only — no block barrier per row. Backward: each
+//   warp walks a fixed set of rows and keeps dw/db of its channels in registers; the block's warps
+//   add theirs in warp order into one partial per block, summed in block order by lnBwdReduce. Up
+//   to C = 1024 the normalised row stays in registers between the backward's two halves; above, it
+//   is made again from x (an L1 hit) so that dw and db still fit.
 // - generic (any C): forward one warp per row with scalar loads; backward one block per 32 rows,
 //   block-wide reductions per row.
 // Both are deterministic for a given shape (fixed trees, fixed row-to-warp assignment).
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -121,7 +124,7 @@ __global__ void lnBwdReduce(const float* partW, const float* partB, float* dw, f
 
 // ---- vectorised kernels ---------------------------------------------------------------------
 
-constexpr int kMaxVec = 4;  // 8-element chunks per lane: C <= 1024 (GPT-2 up to 350M)
+constexpr int kMaxVec = 8;  // 8-element chunks per lane: C <= 2048 (GPT-2 up to 1.5B)
 
 // 8 consecutive elements (16-byte aligned) as floats, and back.
 __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
@@ -195,12 +198,19 @@ __global__ void __launch_bounds__(kVecWarps * 32) lnFwdVec(const float* x, const
   }
 }
 
-// Rows a warp walks in the vectorised backward (the grid is sized from R by it, not from the
-// device, so the summation order is the same on every GPU).
-constexpr int kVecRowsPerWarp = 32;
+// Rows a warp walks in the vectorised backward: 32, or fewer (down to 4) so that the grid has at
+// least 256 blocks (d48's 16 x 1024 rows made 64 blocks of 32 rows a warp: half the SMs idle). The
+// grid is sized from R alone, not from the device, so the summation order is the same on every GPU.
+constexpr int kVecRowsPerWarp = 32, kVecMinRowsPerWarp = 4, kVecMinBlocks = 256;
+int64_t vecRowsPerBlock(int64_t R) {
+  const int64_t perWarp = R / (int64_t{kVecWarps} * kVecMinBlocks);
+  return kVecWarps * std::min<int64_t>(kVecRowsPerWarp, std::max<int64_t>(kVecMinRowsPerWarp, perWarp));
+}
 
-// Two blocks (16 warps) per SM up to C = 768: enough loads in flight for the bandwidth.
-template <int NV, typename Tdy, typename Tlow>
+// Two blocks (16 warps) per SM up to C = 768: enough loads in flight for the bandwidth. KEEP_N
+// (NV <= 4): the normalised row stays in registers between the two halves; otherwise it is made
+// again from x, so that dw and db (16 NV floats a lane) fit beside the loads without spilling.
+template <int NV, typename Tdy, typename Tlow, bool KEEP_N = (NV <= 4)>
 __global__ void __launch_bounds__(kVecWarps * 32, NV <= 3 ? 2 : 1) lnBwdVec(const Tdy* dy, const float* x, const float* w,
                                                            const float* mean, const float* rstd,
                                                            const float* residual, float* dx, Tlow* dxLow,
@@ -216,25 +226,26 @@ __global__ void __launch_bounds__(kVecWarps * 32, NV <= 3 ? 2 : 1) lnBwdVec(cons
   for (int64_t r = blockIdx.x * static_cast<int64_t>(kVecWarps) + warp; r < R;
        r += static_cast<int64_t>(gridDim.x) * kVecWarps) {
     const float m = mean[r], rs = rstd[r];
-    // n stays in registers between the two halves; dy and w are read again in the second (L1
-    // hits: the warp read them a moment ago), which keeps two blocks per SM without spilling.
-    float n[NV][8];
+    // n stays in registers between the two halves (KEEP_N); dy and w are read again in the second
+    // (L1 hits: the warp read them a moment ago), which keeps two blocks per SM without spilling.
+    float n[KEEP_N ? NV : 1][8];
     float sg = 0.f, sgn = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int c8 = lane + 32 * k;
       if (c8 >= C8) continue;
       float g[8], wv[8];
-      load8(x + r * C + 8 * c8, n[k]);
+      float(&nk)[8] = n[KEEP_N ? k : 0];
+      load8(x + r * C + 8 * c8, nk);
       load8(dy + r * C + 8 * c8, g);
       load8(w + 8 * c8, wv);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        n[k][i] = (n[k][i] - m) * rs;
+        nk[i] = (nk[i] - m) * rs;
         const float gw = g[i] * wv[i];
         sg += gw;
-        sgn += gw * n[k][i];
-        dw[k][i] += g[i] * n[k][i];
+        sgn += gw * nk[i];
+        dw[k][i] += g[i] * nk[i];
         db[k][i] += g[i];
       }
     }
@@ -244,11 +255,17 @@ __global__ void __launch_bounds__(kVecWarps * 32, NV <= 3 ? 2 : 1) lnBwdVec(cons
       const int c8 = lane + 32 * k;
       if (c8 >= C8) continue;
       float d[8], res[8], g[8], wv[8];
+      float(&nk)[8] = n[KEEP_N ? k : 0];
+      if constexpr (!KEEP_N) {
+        load8(x + r * C + 8 * c8, nk);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) nk[i] = (nk[i] - m) * rs;  // the same operations as the first half
+      }
       load8(dy + r * C + 8 * c8, g);
       load8(w + 8 * c8, wv);
       if (residual) load8(residual + r * C + 8 * c8, res);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) d[i] = rs * (g[i] * wv[i] - mg - n[k][i] * mgn) + (residual ? res[i] : 0.f);
+      for (int i = 0; i < 8; ++i) d[i] = rs * (g[i] * wv[i] - mg - nk[i] * mgn) + (residual ? res[i] : 0.f);
       store8(dx + r * C + 8 * c8, d);
       if (dxLow) store8(dxLow + r * C + 8 * c8, d);
     }
@@ -292,7 +309,11 @@ void dispatchVec(int64_t C, F&& f) {
   if (nv <= 1) f(std::integral_constant<int, 1>{});
   else if (nv == 2) f(std::integral_constant<int, 2>{});
   else if (nv == 3) f(std::integral_constant<int, 3>{});
-  else f(std::integral_constant<int, 4>{});
+  else if (nv == 4) f(std::integral_constant<int, 4>{});
+  else if (nv == 5) f(std::integral_constant<int, 5>{});
+  else if (nv == 6) f(std::integral_constant<int, 6>{});
+  else if (nv == 7) f(std::integral_constant<int, 7>{});
+  else f(std::integral_constant<int, 8>{});
 }
 
 }  // namespace
@@ -322,7 +343,7 @@ void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, con
   if (R == 0) return;
   const bool vec = useVec(C, {dy.rawData(), x.rawData(), w.rawData(), residual ? residual->rawData() : nullptr,
                               dx.rawData(), dxLow && dxLow->defined() ? dxLow->rawData() : nullptr});
-  const int64_t rowsPerBlock = vec ? int64_t{kVecWarps} * kVecRowsPerWarp : kLnRowsPerBlock;
+  const int64_t rowsPerBlock = vec ? vecRowsPerBlock(R) : kLnRowsPerBlock;
   const int64_t blocks = (R + rowsPerBlock - 1) / rowsPerBlock;
   Tensor partW = Tensor::empty({blocks, C}, DType::kF32, x.device());
   Tensor partB = Tensor::empty({blocks, C}, DType::kF32, x.device());

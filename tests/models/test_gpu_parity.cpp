@@ -242,10 +242,13 @@ TEST(GpuParity, Elementwise) {
 
 TEST(GpuParity, LayerNormSoftmaxEmbeddingImageInput) {
   // (rows, C): 17 and 3000 take the generic kernels; 768, 1024 and 264 (C/8 not a multiple of 32)
-  // the warp-per-row ones, with rows enough that every warp of the backward walks several and
-  // several blocks add partials (2600 rows: 11 blocks of 256).
+  // the warp-per-row ones with the normalised row kept in registers, 1032 (C/8 = 129: one lane with
+  // a fifth chunk), 1600 (GPT-2 XL) and 2048 the ones that make it again from x; with rows enough
+  // that every warp of the backward walks several and several blocks add partials (2600 rows: 82
+  // blocks of 4 rows a warp).
   for (auto [N, C] : std::vector<std::pair<int64_t, int64_t>>{{41, 17}, {41, 768}, {41, 3000}, {2600, 768},
-                                                               {300, 1024}, {517, 264}}) {
+                                                               {300, 1024}, {517, 264}, {300, 1032},
+                                                               {2600, 1600}, {300, 2048}}) {
     Tensor x = randomTensor({N, C}, 41, 3.f), w = randomTensor({C}, 42), b = randomTensor({C}, 43);
     Tensor dy = randomTensor({N, C}, 44);
     Tensor y = zerosLike(x, Device::cpu()), dx = zerosLike(x, Device::cpu()), dw = zerosLike(w, Device::cpu()),
