@@ -2,8 +2,9 @@
 // transposed copy the TN FP8 GEMMs need), the scale updates on the device (no host round trip per
 // tensor), and the FP8 GEMM through cuBLASLt.
 //
-// The cast runs as castKernelVec (16-byte loads, 8- and 16-byte stores) where the shape allows it,
-// which is every GPT GEMM operand; castKernel (one element per thread) elsewhere. Same codes.
+// The cast runs as castKernelVec (16-byte loads, 8-byte stores of q, the transposed copy in whole
+// sectors) where the shape allows it, which is every GPT GEMM operand; castKernel (one element
+// per thread) elsewhere. Same codes.
 // One quantization (Fp8State layout [scale, scaleInv, amax, h_0..h_{L-1}]):
 //   current:        amax pass -> scale kernel (scaleFrom(amax)) -> cast pass -> history push
 //   delayed:        scale kernel (scaleFrom(max h)) -> cast pass, amax fused -> history push
@@ -172,40 +173,60 @@ __global__ void castKernel(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t 
   }
 }
 
+constexpr int kVecTile = 64, kVecThreads = 256;
+
+// Two codes from one convert (cvt.rn.satfinite.e4m3x2 / e5m2x2 on sm_89+; the same rounding per
+// element as castIntrinsic), a in the low byte.
+__device__ inline uint16_t castPair(float a, float b, Fp8Format f) {
+  return static_cast<uint16_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
+}
+
 // castKernel for the shapes every GPT GEMM has (C a multiple of 8; R a multiple of 16 when the
 // transpose is written; aligned buffers): the same codes and amax, with 16-byte loads, 8-byte
-// stores of q and 16-byte stores of qt. The scalar kernel moves 2 bytes in and 2 out per thread
-// and instruction, far under the memory system's rate; this one is what makes the cast a
-// bandwidth-bound pass. A 64 x 64 tile per block of 256 threads: thread t loads 8 columns of rows
-// t/8 and t/8 + 32; then thread t writes 16 rows of column t%64 of qt (rows (t/64)*16..+16).
+// stores of q and 16-byte stores of qt; what makes the cast a bandwidth-bound pass (the scalar
+// kernel moves 2 bytes in and 2 out per thread and instruction). A 64 x 64 tile per block of 256
+// threads: thread t loads 8 columns of rows t/8 and t/8 + 32 and converts them two codes per
+// instruction. The transposed copy goes out in whole sectors: the four 16-row pieces of a column of
+// qt (64 bytes, two 32-byte sectors) are written by four neighbouring lanes of one store
+// instruction (lane l of warp w: column 8w + l/4, rows 16 (l % 4)..+16); a kernel whose lanes each
+// wrote 16 rows of a different column filled half sectors, the other halves coming from other
+// warps (L2 write sectors 1.5x the bytes; 1.7-2.0 TB/s against 2.1-2.5 for this one, H100,
+// docs/performance.md). The tile is 64 x 64 bytes without padding; the 8-byte chunk k of row r
+// sits at chunk k ^ (r / 16), so the four pieces a warp's read instruction touches (rows 16p + i,
+// chunk w ^ p) lie in four different bank pairs.
 // Column sums: lanes t, t+8, t+16, t+24 of a warp hold the same 8 columns (shuffles), then the
 // eight warps' sums through shared memory in warp order.
-constexpr int kVecTile = 64, kVecThreads = 256;
 template <typename Load>
 __global__ void __launch_bounds__(kVecThreads)
     castKernelVec(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
                   bool withAmax, float* colPart) {
-  __shared__ __align__(16) uint8_t tile[kVecTile][kVecTile + 8];
+  __shared__ __align__(16) uint8_t tile[kVecTile * kVecTile];
   __shared__ float part[kVecThreads / 32][kVecTile];
   const float scale = state[Fp8State::kScale];
   const int64_t c0 = blockIdx.x * static_cast<int64_t>(kVecTile), r0 = blockIdx.y * static_cast<int64_t>(kVecTile);
-  const int t = threadIdx.x, cl = (t % 8) * 8;
+  const int t = threadIdx.x, ck = t % 8, cl = ck * 8;
   float m = 0.f, sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
   for (int pass = 0; pass < 2; ++pass) {
     const int rl = t / 8 + 32 * pass;
     const int64_t r = r0 + rl, c = c0 + cl;
     if (r < R && c < C) {
       float v[8];
       ld.eight(r * C + c, v);
-      __align__(8) uint8_t codes[8];
+      uint32_t w[2];
+#pragma unroll
       for (int i = 0; i < 8; ++i) {
         m = absMaxBits(m, v[i]);
         sum[i] += v[i];
-        codes[i] = castIntrinsic(v[i] * scale, f);
       }
-      const uint2 packed = *reinterpret_cast<const uint2*>(codes);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        w[h] = castPair(v[4 * h] * scale, v[4 * h + 1] * scale, f) |
+               (static_cast<uint32_t>(castPair(v[4 * h + 2] * scale, v[4 * h + 3] * scale, f)) << 16);
+      const uint2 packed = make_uint2(w[0], w[1]);
       *reinterpret_cast<uint2*>(q + r * C + c) = packed;
-      *reinterpret_cast<uint2*>(&tile[rl][cl]) = packed;
+      *reinterpret_cast<uint2*>(&tile[rl * kVecTile + ((ck ^ (rl / 16)) * 8)]) = packed;
     }
   }
   if (withAmax) blockAmaxAtomic(m, state + Fp8State::kAmax);
@@ -225,12 +246,17 @@ __global__ void __launch_bounds__(kVecThreads)
   }
   if (!qt) return;
   __syncthreads();
-  const int col = t % kVecTile, rb = (t / kVecTile) * 16;
-  const int64_t cc = c0 + col, rr = r0 + rb;
+  const int warp = t / 32, lane = t % 32, piece = lane % 4, col = warp * 8 + lane / 4;
+  const int64_t cc = c0 + col, rr = r0 + piece * 16;
   if (cc < C && rr < R) {  // R % 16 == 0: the 16 rows are all in or all out
-    __align__(16) uint8_t out[16];
-    for (int i = 0; i < 16; ++i) out[i] = tile[rb + i][col];
-    *reinterpret_cast<uint4*>(qt + cc * R + rr) = *reinterpret_cast<const uint4*>(out);
+    const uint8_t* src = tile + piece * 16 * kVecTile + ((warp ^ piece) * 8) + lane / 4;
+    uint32_t out[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      out[k] = static_cast<uint32_t>(src[(4 * k) * kVecTile]) | (static_cast<uint32_t>(src[(4 * k + 1) * kVecTile]) << 8) |
+               (static_cast<uint32_t>(src[(4 * k + 2) * kVecTile]) << 16) |
+               (static_cast<uint32_t>(src[(4 * k + 3) * kVecTile]) << 24);
+    *reinterpret_cast<uint4*>(qt + cc * R + rr) = make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 
