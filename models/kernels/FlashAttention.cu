@@ -484,6 +484,7 @@ struct Variant {
 // The first usable entry for each (D, dtype) is the default.
 const Variant<FwdLaunch> kFwd[] = {
     {64, DType::kBF16, "fwd wgmma bc64 qreg lazy tree", launchForwardSm90<64, 2, 2, 1, 7, __nv_bfloat16>, true},
+    {64, DType::kBF16, "fwd wgmma ws tma", launchForwardSm90Ws<__nv_bfloat16>, true},
     {64, DType::kBF16, "fwd wgmma bc64 qreg lazy", launchForwardSm90<64, 2, 2, 1, 3, __nv_bfloat16>, true},
     {64, DType::kBF16, "fwd wgmma1 bc64 qreg lazy tree", launchForwardSm90<64, 1, 4, 1, 7, __nv_bfloat16>, true},
     {64, DType::kBF16, "fwd wgmma bc64 (v7)", launchForwardSm90<64, 2, 2, 1, 0, __nv_bfloat16>, true},
@@ -501,9 +502,10 @@ const Variant<FwdLaunch> kFwd[] = {
     {32, DType::kF16, "fwd w4 bc64", launchForward<32, 4, 64, 1, 1, __half>},
 };
 const Variant<BwdLaunch> kBwd[] = {
+    {64, DType::kBF16, "bwd wgmma ws tma", launchBackwardSm90Ws<__nv_bfloat16>, true},
     {64, DType::kBF16, "bwd wgmma q128", launchBackwardSm90Q128<1, __nv_bfloat16>, true},
     {64, DType::kBF16, "bwd wgmma q128 bh-major", launchBackwardSm90Q128<0, __nv_bfloat16>, true},
-    {64, DType::kF16, "bwd wgmma q128", launchBackwardSm90Q128<1, __half>, true},
+    {64, DType::kF16, "bwd wgmma ws tma", launchBackwardSm90Ws<__half>, true},
     {64, DType::kBF16, "bwd w8 brq64", launchBackward<64, 8, 64, true, 1, __nv_bfloat16>},
     {64, DType::kBF16, "bwd w4 brq64", launchBackward<64, 4, 64, true, 1, __nv_bfloat16>},
     {64, DType::kBF16, "bwd w4 brq32 lb3", launchBackward<64, 4, 32, true, 3, __nv_bfloat16>},

@@ -22,41 +22,14 @@
 
 #include "core/cuda/CudaCheck.h"
 #include "models/kernels/FlashCommon.cuh"
+#include "models/kernels/FlashSm90.cuh"
 #include "models/kernels/Wgmma.cuh"
 
 namespace mt::cuda::flash {
 
 namespace {
 
-constexpr int kD = 64;             // head dim: one 128-byte swizzled row per tile row
-constexpr int kTileBytes64 = 8192;  // a 64 x 64 16-bit tile
-
-// ROWS rows of 64 elements from row `row0` of a [T, 64] slice (row stride st) into a swizzled tile;
-// rows >= rows are zero-filled. Thread tid copies chunk tid % 8 of rows tid / 8 + p * NTHREADS / 8:
-// a fixed number of passes whose swizzle (row % 8) does not change, so the destination steps by a
-// constant and the loop unrolls to a few instructions per 16 bytes (a loop starting at tid with
-// stride NTHREADS compiled to a generic loop with remainder handling: ~60 % of the forward's
-// instructions, ncu 2026-12-04).
-template <int ROWS, int NTHREADS, typename T>
-__device__ __forceinline__ void loadSwizzled(T* s, const T* g, int64_t st, int row0, int rows, int tid) {
-  constexpr int kStep = NTHREADS / 8, kPasses = (ROWS + kStep - 1) / kStep;
-  static_assert(kStep % 8 == 0, "a pass must cover whole 8-row swizzle groups");
-  const int r = tid / 8, c = tid % 8;
-  T* d = s + wg::swz(r, c);
-  const T* src = g + static_cast<int64_t>(row0 + r) * st + c * 8;
-#pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    if (ROWS % kStep != 0 && r + p * kStep >= ROWS) break;
-    const bool ok = row0 + r + p * kStep < rows;
-    cpAsync16(d + p * kStep * 64, ok ? src + static_cast<int64_t>(p * kStep) * st : g, ok);
-  }
-}
-
-// The dynamic shared memory, rounded up to the 1024-byte alignment the swizzle needs.
-__device__ __forceinline__ unsigned char* alignedSmem(unsigned char* raw) {
-  const uint32_t a = smemAddr(raw);
-  return raw + (((a + 1023u) & ~1023u) - a);
-}
+using namespace sm90;  // NOLINT: the pieces shared with FlashAttentionSm90Ws.cu
 
 // Forward options (OPT bits): kFwdQReg keeps the warpgroup's q rows in registers as the A operand
 // of S = q k^T (register-A wgmma reads only k from shared memory: half the operand bytes of that
@@ -77,7 +50,6 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
   constexpr int kThreads = NWG * 128, BR = NWG * 64, NT = BC / 8, DT = kD / 8;
   constexpr bool kQReg = (OPT & kFwdQReg) != 0, kLazy = (OPT & kFwdLazyRescale) != 0, kTree = (OPT & kFwdTree) != 0;
   using W = wg::Wgmma<BC, T>;
-  using WO = wg::Wgmma<kD, T>;
   extern __shared__ __align__(16) unsigned char smemRaw[];
   T* sQ = reinterpret_cast<T*>(alignedSmem(smemRaw));
   T* sK = sQ + (kQReg ? 0 : BR * kD);  // [2][BC][64]
@@ -103,18 +75,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
   const int row0 = gFirst + wl * 16 + g;
   // q in the A layout of the 16-column steps (rows row0 and row0 + 8; rows at or past T are 0).
   uint32_t qa[kQReg ? kD / 16 : 1][4];
-  if constexpr (kQReg) {
-    const T* q0 = Q + static_cast<int64_t>(min(row0, a.T - 1)) * a.qst + 2 * t4;
-    const T* q1 = Q + static_cast<int64_t>(min(row0 + 8, a.T - 1)) * a.qst + 2 * t4;
-    const bool ok0 = row0 < a.T, ok1 = row0 + 8 < a.T;
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      qa[kk][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int*>(q0 + kk * 16)) : 0u;
-      qa[kk][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int*>(q1 + kk * 16)) : 0u;
-      qa[kk][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int*>(q0 + kk * 16 + 8)) : 0u;
-      qa[kk][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int*>(q1 + kk * 16 + 8)) : 0u;
-    }
-  }
+  if constexpr (kQReg) loadQRegisters(qa, Q, a.qst, row0, a.T, t4);
   float o[DT][4], s[NT][4];
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
@@ -153,18 +114,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
     wg::wait<0>();
     wg::fenceOperand(s);
 
-    softmaxTile<kLazy, kTree>(s, o, m0, m1, l0, l1, kBase, gFirst + wl * 16, g, t4, sl2);
-    uint32_t pa[BC / 16][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
-      pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
-    }
-    wg::fenceOperand(o);
-    wg::fence();
-#pragma unroll
-    for (int kc = 0; kc < BC / 16; ++kc) WO::template rs<1>(o, pa[kc], wg::mnmajor(v + kc * 16 * kD), 1);
-    wg::commit();
+    softmaxThenPv<kLazy, kTree, BC, T>(s, o, m0, m1, l0, l1, v, kBase, gFirst + wl * 16, g, t4, sl2);
     wg::wait<0>();  // before the barrier that lets this stage be reloaded
     wg::fenceOperand(o);
   }
@@ -175,92 +125,12 @@ __global__ void __launch_bounds__(NWG * 128, MINB) flashForwardSm90Kernel(const 
 #endif
 }
 
-#if MT_WGMMA  // sm_90a device code only
-// dQ rows rowBase + g and + 8, columns 8 n + 2 t (an mma-layout accumulator) += acc *
-// scale: pairs of lanes swap halves so each lane adds 4 consecutive floats of one row (float4).
-// Every lane of the warp calls it (shuffles); rows at or past T add nothing. The mma.sync backward
-// (FlashAttention.cu) does the same inline: through this helper ptxas spilled more there.
-template <int NC>
-__device__ __forceinline__ void addDqRows(const BwdArgs& a, int b, int h, int rowBase, int g, int t4,
-                                          const float (&acc)[NC][4]) {
-  const bool even = (t4 & 1) == 0;
-  const int row = rowBase + g + (even ? 0 : 8);
-  float* dQ = a.dq + b * a.dqsb + h * a.dqsh + static_cast<int64_t>(row) * a.dqst;
-#pragma unroll
-  for (int n = 0; n < NC; ++n) {
-    const float sx = even ? acc[n][2] : acc[n][0], sy = even ? acc[n][3] : acc[n][1];
-    const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-    const float4 val = even ? make_float4(acc[n][0] * a.scale, acc[n][1] * a.scale, rx * a.scale, ry * a.scale)
-                            : make_float4(rx * a.scale, ry * a.scale, acc[n][2] * a.scale, acc[n][3] * a.scale);
-    if (row < a.T) atomicAdd(reinterpret_cast<float4*>(dQ + n * 8 + 2 * (t4 & 2)), val);
-  }
-}
-#endif
 
 constexpr size_t bwdSm90Q128SmemBytes() {
   // k, v (128 rows each), q and dO double-buffered (128 rows each), dS^T as two 128-row tiles, lse
   // and delta double-buffered (128 floats each).
   return static_cast<size_t>(2 + 2 + 4 + 4 + 4) * kTileBytes64 + 4 * 128 * sizeof(float) + 1024;
 }
-
-
-#if MT_WGMMA
-template <typename T>
-__device__ __forceinline__ float2 unpack2(uint32_t u);
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&u));
-}
-#endif
-
-#if MT_WGMMA
-// P^T = exp2(sl2 S^T - lse) for a 64-key x NT*8-query accumulator (rows key0 / key1, query columns
-// qBase + 8 nt + 2 t4), packed to 16 bits as the A operand of dV += P^T dO. MASKED: 0 where
-// key > query or query >= T (selected, so lse's padding past T is never used as a number).
-template <bool MASKED, int NT, typename T>
-__device__ __forceinline__ void expTile(float (&s)[NT][4], uint32_t (&pa)[NT / 2][4], const float* lq, float sl2,
-                                        int qBase, int key0, int key1, int t4, int seqLen) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const float2 lv = *reinterpret_cast<const float2*>(lq + nt * 8 + 2 * t4);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float v = fastExp2(fmaf(s[nt][e], sl2, -((e & 1) ? lv.y : lv.x)));
-      if constexpr (MASKED) {
-        const int qgl = qBase + nt * 8 + 2 * t4 + (e & 1), key = e < 2 ? key0 : key1;
-        s[nt][e] = key <= qgl && qgl < seqLen ? v : 0.f;
-      } else {
-        s[nt][e] = v;
-      }
-    }
-    pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
-    pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
-  }
-}
-// dS^T = P^T (dP^T - delta) with the 16-bit P^T that dV uses, packed as the A operand of
-// dK += dS^T q. MASKED: 0 where P^T is 0 (selected: delta's padding past T is not a number to use).
-template <bool MASKED, int NT, typename T>
-__device__ __forceinline__ void dsTile(float (&dp)[NT][4], const uint32_t (&pa)[NT / 2][4], uint32_t (&sa)[NT / 2][4],
-                                       const float* dlq, int t4) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const float2 dl = *reinterpret_cast<const float2*>(dlq + nt * 8 + 2 * t4);
-    const float2 p0 = unpack2<T>(pa[nt / 2][(nt & 1) * 2]), p1 = unpack2<T>(pa[nt / 2][(nt & 1) * 2 + 1]);
-    const float p[4] = {p0.x, p0.y, p1.x, p1.y};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float v = p[e] * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
-      dp[nt][e] = MASKED && p[e] == 0.f ? 0.f : v;
-    }
-    sa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(dp[nt][0], dp[nt][1]);
-    sa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(dp[nt][2], dp[nt][3]);
-  }
-}
-#endif
 
 // FA3's tile shape at head dim 64: 128 keys per block (64 per warpgroup) against 128-query tiles.
 // Per query tile each warpgroup issues S^T and dP^T as m64n128 products (the shared operand read
@@ -274,8 +144,6 @@ template <typename T>
 __global__ void __launch_bounds__(256, 1) flashBackwardSm90Q128Kernel(const BwdArgs a) {
 #if MT_WGMMA
   constexpr int kThreads = 256, BC = 128, BRQ = 128, NT = BRQ / 8, DT = kD / 8;
-  using W = wg::Wgmma<64, T>;    // dV, dK, dQ: N = head dim
-  using WS = wg::Wgmma<128, T>;  // S^T, dP^T: N = 128 queries
   extern __shared__ __align__(16) unsigned char smemRaw[];
   T* sK = reinterpret_cast<T*>(alignedSmem(smemRaw));  // [128][64]
   T* sV = sK + BC * kD;                                 // [128][64]
@@ -291,7 +159,7 @@ __global__ void __launch_bounds__(256, 1) flashBackwardSm90Q128Kernel(const BwdA
   const int b = bh / a.H, h = bh % a.H;
   const int kBase = tile * BC;
   const int kw = kBase + grp * 64;                     // the warpgroup's first key
-  const int key0 = kw + wl * 16 + g, key1 = key0 + 8;  // this thread's accumulator rows
+  const int key0 = kw + wl * 16 + g;  // this thread's accumulator rows: key0, key0 + 8
   const T* Q = static_cast<const T*>(a.q) + b * a.qsb + h * a.qsh;
   const T* K = static_cast<const T*>(a.k) + b * a.ksb + h * a.ksh;
   const T* V = static_cast<const T*>(a.v) + b * a.vsb + h * a.vsh;
@@ -337,67 +205,14 @@ __global__ void __launch_bounds__(256, 1) flashBackwardSm90Q128Kernel(const BwdA
     const T* gq = sG + buf * BRQ * kD;
     const float* lq = sL + buf * BRQ;
     const float* dlq = sD + buf * BRQ;
-    wg::fenceOperand(s);
-    wg::fenceOperand(dp);
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) WS::template ss<0, 0>(s, wg::kmajor(kg + kk * 16), wg::kmajor(q + kk * 16), kk);
-    wg::commit();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) WS::template ss<0, 0>(dp, wg::kmajor(vg + kk * 16), wg::kmajor(gq + kk * 16), kk);
-    wg::commit();
-    // P^T = exp2(sl2 S - lse), zero where key > query or query >= T, while dP^T runs.
-    wg::wait<1>();
-    wg::fenceOperand(s);
-    // Tiles wholly below the diagonal and before T (most of them) take the branch without the
-    // per-element mask: its index arithmetic and selects were a fifth of the loop's instructions.
-    const bool inside = qBase >= kw + 63 && qBase + BRQ <= a.T;  // warpgroup-uniform
-    uint32_t pa[BRQ / 16][4], sa[BRQ / 16][4];
-    if (inside) {
-      expTile<false, NT, T>(s, pa, lq, sl2, qBase, key0, key1, t4, a.T);
-    } else {
-      expTile<true, NT, T>(s, pa, lq, sl2, qBase, key0, key1, t4, a.T);
-    }
-    wg::fenceOperand(dv);
-    wg::fence();
-#pragma unroll
-    for (int kq = 0; kq < BRQ / 16; ++kq) W::template rs<1>(dv, pa[kq], wg::mnmajor(gq + kq * 16 * kD), 1);
-    wg::commit();
-    // dS^T = P^T (dP^T - delta) with the 16-bit P^T that dV uses (0 where masked), while dV runs.
-    wg::wait<1>();
-    wg::fenceOperand(dp);
-    if (inside) {
-      dsTile<false, NT, T>(dp, pa, sa, dlq, t4);
-    } else {
-      dsTile<true, NT, T>(dp, pa, sa, dlq, t4);
-    }
-    wg::fenceOperand(dk);
-    wg::fence();
-#pragma unroll
-    for (int kq = 0; kq < BRQ / 16; ++kq) W::template rs<1>(dk, sa[kq], wg::mnmajor(q + kq * 16 * kD), 1);
-    wg::commit();
-    // dS^T -> shared memory: key rows of this warpgroup, query half nt / 8 (the last tile's dQ
-    // products, which read it, were waited for before the barrier that ended that tile).
-    const int r0 = grp * 64 + wl * 16 + g, r1 = r0 + 8;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      T* half = sS + (nt / 8) * BC * 64;
-      *reinterpret_cast<uint32_t*>(half + wg::swz(r0, nt % 8) + 2 * t4) = sa[nt / 2][(nt & 1) * 2];
-      *reinterpret_cast<uint32_t*>(half + wg::swz(r1, nt % 8) + 2 * t4) = sa[nt / 2][(nt & 1) * 2 + 1];
-    }
+    bwdTileProducts<T>(kg, vg, q, gq, lq, dlq, sS, s, dp, dv, dk, qBase, kw, a.T, key0, grp * 64 + wl * 16 + g, t4, sl2);
     wg::fenceProxyAsync();
     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' dS^T rows written
     // dQ for queries qBase + 64 grp.. = dS k over the block's 128 keys (A = dS^T read M-major,
     // B = k MN-major). Not initialised: the first product overwrites it, and a definition by
     // ordinary instructions would make ptxas serialise the products in flight (C7515).
     float acc[DT][4];
-    const T* sh = sS + grp * BC * 64;
-    wg::fenceOperand(acc);
-    wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < BC / 16; ++ks)
-      W::template ss<1, 1>(acc, wg::mnmajor(sh + ks * 16 * 64), wg::mnmajor(sK + ks * 16 * kD), ks);
-    wg::commit();
+    dqProducts<T>(acc, sS + grp * BC * 64, sK);
     wg::wait<0>();
     wg::fenceOperand(acc);
     wg::fenceOperand(dv);

@@ -156,7 +156,7 @@ __device__ __forceinline__ void loadTile(T* s, const T* g, int64_t st, int row0,
 // at or past `valid` are zero-filled.
 template <int N, int NTHREADS>
 __device__ __forceinline__ void loadFloats(float* s, const float* g, int i0, int valid, int tid) {
-  // A fixed number of passes (see loadSwizzled in FlashAttentionSm90.cu for why).
+  // A fixed number of passes (see loadSwizzled in FlashSm90.cuh for why).
   constexpr int kPasses = (N / 4 + NTHREADS - 1) / NTHREADS;
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
@@ -290,7 +290,7 @@ __device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4]
 
 // Forward epilogue: rows row0 and row0 + 8 of O (an mma-layout accumulator, columns 8 dt + 2 t) divided
 // by their softmax sums l (this lane's partials, summed over the 4 lanes of a row here), and lse =
-// m + log2 l; rows at or past T skipped.
+// m + log2 l; rows outside [0, T) skipped.
 template <int DT>
 __device__ __forceinline__ void storeRows(const FwdArgs& a, int b, int h, int row0, int t4, const float (&o)[DT][4],
                                           float m0, float m1, float l0, float l1) {
@@ -301,13 +301,13 @@ __device__ __forceinline__ void storeRows(const FwdArgs& a, int b, int h, int ro
   const float inv0 = 1.f / l0, inv1 = 1.f / l1;
   const int64_t oBase = b * a.osb + h * a.osh, lBase = static_cast<int64_t>(b * a.H + h) * a.Tp;
   const int row1 = row0 + 8;
-  if (row0 < a.T) {
+  if (row0 >= 0 && row0 < a.T) {
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
       storePair(a.o, oBase + row0 * a.ost + dt * 8 + 2 * t4, a.oCode, o[dt][0] * inv0, o[dt][1] * inv0);
     if (t4 == 0) a.lse[lBase + row0] = m0 + log2f(l0);
   }
-  if (row1 < a.T) {
+  if (row1 >= 0 && row1 < a.T) {
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
       storePair(a.o, oBase + row1 * a.ost + dt * 8 + 2 * t4, a.oCode, o[dt][2] * inv1, o[dt][3] * inv1);
@@ -345,6 +345,13 @@ void launchForwardSm90(const FwdArgs& a, int B, cudaStream_t s);
 // Backward with 2 warpgroups of 64 keys against 128-query tiles, dQ over the block's 128 keys.
 template <int ORDER, typename T>
 void launchBackwardSm90Q128(const BwdArgs& a, int B, cudaStream_t s);
+// The same products warp-specialized: a producer warpgroup copying by TMA into a 2-stage ring,
+// dQ added by tensor reduce-adds (FlashAttentionSm90Ws.cu).
+// Warp-specialized forward: a TMA producer warpgroup and 3 consumers of 64 queries.
+template <typename T>
+void launchForwardSm90Ws(const FwdArgs& a, int B, cudaStream_t s);
+template <typename T>
+void launchBackwardSm90Ws(const BwdArgs& a, int B, cudaStream_t s);
 // The device is compute capability 9.0 and its loaded code was built for sm_90a (wgmma present).
 bool sm90KernelsUsable();
 
