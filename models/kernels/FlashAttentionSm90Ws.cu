@@ -30,8 +30,8 @@
 //     them (times the scale) into a swizzled f32 staging tile and one thread adds the tile into the
 //     global accumulator with two tensor reduce-adds (cp.reduce.async.bulk.tensor ... add.f32, the
 //     tensor map clipping rows past T), instead of per-thread float4 atomics: the warps go on to
-//     the next tile while the copy engine adds (measured: the reduce-adds are 9-11 % of the
-//     kernel's time against atomics, docs/performance.md).
+//     the next tile while the copy engine adds (measured: the kernel 9-11 % faster than with
+//     the atomics, docs/performance.md).
 // Registers: 128 x 24 + 256 x 240 = the 64 K of an SM at one block (launch: 384 x 168); the
 // forward 128 x 24 + 384 x 160 (launch: 512 x 128).
 
