@@ -37,9 +37,12 @@ namespace {
 
 constexpr int kTile = 32, kRowsPerPass = 8;  // a 32 x 32 tile per block of 32 x 8 threads
 
+__device__ inline __nv_fp8_interpretation_t interpretation(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+}
+
 __device__ inline uint8_t castIntrinsic(float v, Fp8Format f) {
-  return static_cast<uint8_t>(
-      __nv_cvt_float_to_fp8(v, __NV_SATFINITE, f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, interpretation(f)));
 }
 
 // max(m, |v|) on the float bits (both non-negative, so they order as unsigned integers; a NaN's
@@ -178,8 +181,7 @@ constexpr int kVecTile = 64, kVecThreads = 256;
 // Two codes from one convert (cvt.rn.satfinite.e4m3x2 / e5m2x2 on sm_89+; the same rounding per
 // element as castIntrinsic), a in the low byte.
 __device__ inline uint16_t castPair(float a, float b, Fp8Format f) {
-  return static_cast<uint16_t>(
-      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
+  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, interpretation(f)));
 }
 
 // castKernel for the shapes every GPT GEMM has (C a multiple of 8; R a multiple of 16 when the

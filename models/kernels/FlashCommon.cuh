@@ -156,7 +156,7 @@ __device__ __forceinline__ void loadTile(T* s, const T* g, int64_t st, int row0,
 // at or past `valid` are zero-filled.
 template <int N, int NTHREADS>
 __device__ __forceinline__ void loadFloats(float* s, const float* g, int i0, int valid, int tid) {
-  // A fixed number of passes (see loadSwizzled in FlashSm90.cuh for why).
+  // A fixed number of passes (see loadSwizzled in FlashAttentionSm90.cu for why).
   constexpr int kPasses = (N / 4 + NTHREADS - 1) / NTHREADS;
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {

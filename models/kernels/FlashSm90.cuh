@@ -1,8 +1,8 @@
 #pragma once
 // Pieces shared by the wgmma attention kernels for sm_90a (FlashAttentionSm90.cu: forward and the
 // backward with per-tile barriers; FlashAttentionSm90Ws.cu: the warp-specialized kernels), head
-// dim 64: the swizzled tile loader, the aligned dynamic shared memory, and the backward's
-// per-tile P^T and dS^T in registers.
+// dim 64: the aligned dynamic shared memory, q in registers, the forward's softmax and P v after
+// S = q k^T, and the backward's per-tile products (P^T and dS^T in registers, dV, dK, dQ).
 
 #include "models/kernels/FlashCommon.cuh"
 #include "models/kernels/Wgmma.cuh"
@@ -10,28 +10,6 @@
 namespace mt::cuda::flash::sm90 {
 
 constexpr int kD = 64;             // head dim: one 128-byte swizzled row per tile row
-constexpr int kTileBytes64 = 8192;  // a 64 x 64 16-bit tile
-
-// ROWS rows of 64 elements from row `row0` of a [T, 64] slice (row stride st) into a swizzled tile;
-// rows >= rows are zero-filled. Thread tid copies chunk tid % 8 of rows tid / 8 + p * NTHREADS / 8:
-// a fixed number of passes whose swizzle (row % 8) does not change, so the destination steps by a
-// constant and the loop unrolls to a few instructions per 16 bytes (a loop starting at tid with
-// stride NTHREADS compiled to a generic loop with remainder handling: ~60 % of the forward's
-// instructions, ncu 2026-12-04).
-template <int ROWS, int NTHREADS, typename T>
-__device__ __forceinline__ void loadSwizzled(T* s, const T* g, int64_t st, int row0, int rows, int tid) {
-  constexpr int kStep = NTHREADS / 8, kPasses = (ROWS + kStep - 1) / kStep;
-  static_assert(kStep % 8 == 0, "a pass must cover whole 8-row swizzle groups");
-  const int r = tid / 8, c = tid % 8;
-  T* d = s + wg::swz(r, c);
-  const T* src = g + static_cast<int64_t>(row0 + r) * st + c * 8;
-#pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    if (ROWS % kStep != 0 && r + p * kStep >= ROWS) break;
-    const bool ok = row0 + r + p * kStep < rows;
-    cpAsync16(d + p * kStep * 64, ok ? src + static_cast<int64_t>(p * kStep) * st : g, ok);
-  }
-}
 
 // The dynamic shared memory, rounded up to the 1024-byte alignment the swizzle needs.
 __device__ __forceinline__ unsigned char* alignedSmem(unsigned char* raw) {
@@ -93,28 +71,6 @@ __device__ __forceinline__ void dsTile(float (&dp)[NT][4], const uint32_t (&pa)[
     }
     sa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(dp[nt][0], dp[nt][1]);
     sa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(dp[nt][2], dp[nt][3]);
-  }
-}
-#endif
-
-#if MT_WGMMA
-// dQ rows rowBase + g and + 8, columns 8 n + 2 t (an mma-layout accumulator) += acc *
-// scale: pairs of lanes swap halves so each lane adds 4 consecutive floats of one row (float4).
-// Every lane of the warp calls it (shuffles); rows at or past T add nothing. The mma.sync backward
-// (FlashAttention.cu) does the same inline: through this helper ptxas spilled more there.
-template <int NC>
-__device__ __forceinline__ void addDqRows(const BwdArgs& a, int b, int h, int rowBase, int g, int t4,
-                                          const float (&acc)[NC][4]) {
-  const bool even = (t4 & 1) == 0;
-  const int row = rowBase + g + (even ? 0 : 8);
-  float* dQ = a.dq + b * a.dqsb + h * a.dqsh + static_cast<int64_t>(row) * a.dqst;
-#pragma unroll
-  for (int n = 0; n < NC; ++n) {
-    const float sx = even ? acc[n][2] : acc[n][0], sy = even ? acc[n][3] : acc[n][1];
-    const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-    const float4 val = even ? make_float4(acc[n][0] * a.scale, acc[n][1] * a.scale, rx * a.scale, ry * a.scale)
-                            : make_float4(rx * a.scale, ry * a.scale, acc[n][2] * a.scale, acc[n][3] * a.scale);
-    if (row < a.T) atomicAdd(reinterpret_cast<float4*>(dQ + n * 8 + 2 * (t4 & 2)), val);
   }
 }
 #endif
