@@ -211,7 +211,7 @@ void Trainer::setupData() {
   task_ = Task::open(s_, world_->size(), world_->rank());
   LoaderOptions lo = s_.loader;
   lo.batchSize = microBatch_;  // the loader hands out micro-batches
-  host_ = &cpuAllocator();
+  host_ = &loaderStaging_;
 #ifdef MT_WITH_CUDA
   if (device_.isCuda()) {
     if (s_.feed == FeedMode::kPinned) host_ = &cuda_->pinned();

@@ -101,6 +101,11 @@ class Trainer {
 #ifdef MT_WITH_CUDA
   std::unique_ptr<class CudaRuntime> cuda_;
 #endif
+  // On a CPU run the loader's batches get their own allocator: the device allocator's peak (the
+  // memory record, `trainer plan`'s comparison) then counts what training holds, not however many
+  // batches the workers happen to have collated ahead at that instant, as on a GPU, where they
+  // wait in pinned memory. Declared before everything that can hold a batch.
+  CpuAllocator loaderStaging_;
   Allocator* host_ = nullptr;  // where loader workers collate (pinned or managed memory for a GPU)
   std::unique_ptr<LossScaler> scaler_;
   TopologySetup topo_;
