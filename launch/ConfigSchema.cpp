@@ -243,7 +243,7 @@ const std::vector<ConfigKey>& configSchema() {
       integer("sharding.prefetch_limit", "2", atLeast(1),
               "the unit computing plus all-gathers in flight (units kept gathered for backward do not count)"),
       choice("sharding.param_dtype", "auto",
-             {{"auto", "bf16 with sharding.offload = cpu under bf16/f16 compute, so the GPU keeps 2 bytes a "
+             {{"auto", "bf16 with sharding.offload = cpu under bf16/f16/fp8 compute, so the GPU keeps 2 bytes a "
                        "parameter; else f32"},
               {"f32", ""},
               {"bf16", ""}},

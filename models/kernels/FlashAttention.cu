@@ -1,6 +1,7 @@
 // FlashAttention-2-style causal attention (math and layout in models/kernels/FlashAttention.h):
 // the mma.sync kernels, the pre-pass and dq conversion, the variant tables and the entry points.
-// The wgmma kernels for sm_90a are in FlashAttentionSm90.cu and listed first in the tables.
+// The wgmma kernels for sm_90a are in FlashAttentionSm90.cu and FlashAttentionSm90Ws.cu (the
+// warp-specialized ones) and listed first in the tables.
 //
 // Tensor-core fragments (PTX ISA, mma.m16n8k16 with .bf16/.f16 operands, f32 accumulators), for
 // lane = 4 g + t (g = lane / 4, t = lane % 4):
@@ -479,7 +480,7 @@ struct Variant {
   DType dtype;
   const char* name;
   L launch;
-  bool sm90 = false;  // wgmma (FlashAttentionSm90.cu): listed only where sm90KernelsUsable()
+  bool sm90 = false;  // wgmma (FlashAttentionSm90*.cu): listed only where sm90KernelsUsable()
 };
 // The first usable entry for each (D, dtype) is the default.
 const Variant<FwdLaunch> kFwd[] = {

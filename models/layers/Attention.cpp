@@ -27,8 +27,11 @@ void scatterHead(float* qkv, const float* src, int64_t b, int64_t h, int which, 
 const EnumTable<AttentionBackend>& attentionBackends() {
   static const EnumTable<AttentionBackend> kTable = {
       {AttentionBackend::kAuto, "auto",
-       "per shape, the faster of flash and cudnn, measured once at its first use (flash where cuDNN cannot run it)"},
-      {AttentionBackend::kFlash, "flash", "our FlashAttention-2 kernels (models/kernels/FlashAttention.h)"},
+       "per shape, the faster of flash and cudnn, measured once at its first use (flash where cuDNN cannot run it, "
+       "and in f16, where cuDNN's backward loses precision f16 should keep)"},
+      {AttentionBackend::kFlash, "flash",
+       "our kernels (models/kernels/FlashAttention.h): FlashAttention-2's algorithm, on sm_90a with wgmma and, "
+       "for the bf16 backward, warp-specialized TMA kernels"},
       {AttentionBackend::kCudnn, "cudnn", "cuDNN's fused attention (cuDNN 9 graph API); a shape it cannot run is an error"},
   };
   return kTable;
