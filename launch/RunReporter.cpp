@@ -22,6 +22,92 @@ RunReporter::RunReporter(const Task& task, Communicator& world, const std::strin
                                              resumed ? std::ios::app : std::ios::trunc);
 }
 
+namespace {
+
+// The progress figures of an interval from its report and the loss summed over the ranks.
+Progress progressOf(const IntervalReport& r, const LossStats& global, int ranks) {
+  const double count = static_cast<double>(global.count);
+  Progress p;
+  p.step = r.step + 1;
+  p.totalSteps = r.totalSteps;
+  p.epoch = r.position.epoch + 1;
+  p.epochs = (r.totalSteps + r.stepsPerEpoch - 1) / r.stepsPerEpoch;
+  p.loss = count > 0 ? global.lossSum / count : 0.0;
+  p.accuracy = count > 0 ? static_cast<double>(global.correct) / count : 0.0;
+  p.lr = r.lr;
+  p.samplesPerS = r.seconds > 0 ? static_cast<double>(r.steps * r.globalBatch) / r.seconds : 0.0;
+  p.stepSeconds = r.steps > 0 ? r.seconds / static_cast<double>(r.steps) : 0.0;
+  p.etaSeconds = p.stepSeconds * static_cast<double>(r.totalSteps - r.step - 1);
+  p.waitPercent = r.seconds > 0 ? 100.0 * r.waitSeconds / r.seconds : 0.0;
+  p.gpus = r.device.isCuda() ? ranks : 0;
+  return p;
+}
+
+// What the progress line adds after the task's own figures: the straggler, the loss scaler,
+// compression and ZeRO-Offload's times, each only where it applies.
+std::string progressExtras(const IntervalReport& r, const CommReport& comm, int ranks, int slowest, double spread) {
+  std::string extra;
+  char buf[160];
+  if (ranks > 1) {
+    std::snprintf(buf, sizeof(buf), " straggler rank %d +%.0f%%", slowest, 100.0 * spread);
+    extra += buf;
+  }
+  if (r.lossScale > 0) {  // f16: what the loss scaler did (a falling scale, skipped steps)
+    std::snprintf(buf, sizeof(buf), " loss-scale %g skipped %lld", r.lossScale, static_cast<long long>(r.skippedSteps));
+    extra += buf;
+  }
+  const double perStep = r.steps > 0 ? 1.0 / static_cast<double>(r.steps) : 0.0;
+  const CompressionStats& cs = comm.stats;
+  if (comm.present && cs.bytesAfter > 0 && cs.bytesAfter != cs.bytesBefore) {
+    std::snprintf(buf, sizeof(buf), " comm %s/step (%.1fx less)",
+                  formatBytes(static_cast<int64_t>(static_cast<double>(cs.bytesAfter) * perStep)).c_str(),
+                  static_cast<double>(cs.bytesBefore) / static_cast<double>(cs.bytesAfter));
+    extra += buf;
+  }
+  const OffloadTimes& ot = comm.offload;
+  if (ot.jobs > 0) {  // ZeRO-Offload: the CPU step per step, and how much of it the GPU waited for
+    std::snprintf(buf, sizeof(buf), " offload cpu %.1f ms (copy wait %.1f) train wait %.1f ms gpu wait %.1f ms",
+                  1e3 * ot.jobS / static_cast<double>(ot.jobs), 1e3 * ot.copyWaitS / static_cast<double>(ot.jobs),
+                  1e3 * ot.trainWaitS * perStep, 1e3 * ot.gpuWaitS * perStep);
+    extra += buf;
+  }
+  return extra;
+}
+
+// The step record's fields beyond the task's own: memory, stragglers, the loss scaler,
+// ZeRO-Offload and compression (the last three only where they apply).
+void addStepRecordFields(nlohmann::json& j, const IntervalReport& r, const CommReport& comm, const AllocatorStats& as,
+                         const std::vector<double>& computePerRank, int slowest, double spread) {
+  // this rank's device memory (rank 0 writes the record): the curve the plots draw
+  j["allocated_bytes"] = as.allocatedBytes;
+  j["reserved_bytes"] = as.reservedBytes;
+  j["allocator_peak_bytes"] = as.peakAllocatedBytes;
+  j["compute_s_per_rank"] = computePerRank;
+  j["straggler_rank"] = slowest;
+  j["straggler_spread"] = spread;
+  if (r.lossScale > 0) {
+    j["loss_scale"] = r.lossScale;
+    j["skipped_steps"] = r.skippedSteps;
+  }
+  const double perStep = r.steps > 0 ? 1.0 / static_cast<double>(r.steps) : 0.0;
+  const OffloadTimes& ot = comm.offload;
+  if (ot.jobs > 0) {
+    j["offload_cpu_s"] = ot.jobS / static_cast<double>(ot.jobs);
+    j["offload_copy_wait_s"] = ot.copyWaitS / static_cast<double>(ot.jobs);
+    j["offload_train_wait_s"] = ot.trainWaitS * perStep;
+    j["offload_gpu_wait_s"] = ot.gpuWaitS * perStep;
+  }
+  if (comm.present) {
+    const CompressionStats& cs = comm.stats;
+    j["compression"] = comm.reducer;
+    j["comm_bytes_before"] = static_cast<double>(cs.bytesBefore) * perStep;
+    j["comm_bytes_after"] = static_cast<double>(cs.bytesAfter) * perStep;
+    j["compression_s"] = cs.seconds * perStep;
+  }
+}
+
+}  // namespace
+
 void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
   // The step's loss over the global batch (every rank's rows), as a single process would report.
   const LossStats global = sumOverRanks(world_, r.local);
@@ -45,50 +131,8 @@ void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
   const int slowest = static_cast<int>(std::max_element(ct.begin(), ct.end()) - ct.begin());
   const double fastest = *std::min_element(ct.begin(), ct.end());
   const double spread = fastest > 0 ? ct[static_cast<size_t>(slowest)] / fastest - 1.0 : 0.0;
-  const double count = static_cast<double>(global.count);
-  Progress p;
-  p.step = r.step + 1;
-  p.totalSteps = r.totalSteps;
-  p.epoch = r.position.epoch + 1;
-  p.epochs = (r.totalSteps + r.stepsPerEpoch - 1) / r.stepsPerEpoch;
-  p.loss = count > 0 ? global.lossSum / count : 0.0;
-  p.accuracy = count > 0 ? static_cast<double>(global.correct) / count : 0.0;
-  p.lr = r.lr;
-  p.samplesPerS = r.seconds > 0 ? static_cast<double>(r.steps * r.globalBatch) / r.seconds : 0.0;
-  p.stepSeconds = r.steps > 0 ? r.seconds / static_cast<double>(r.steps) : 0.0;
-  p.etaSeconds = p.stepSeconds * static_cast<double>(r.totalSteps - r.step - 1);
-  p.waitPercent = r.seconds > 0 ? 100.0 * r.waitSeconds / r.seconds : 0.0;
-  p.gpus = r.device.isCuda() ? W : 0;
-  std::string extra;
-  if (W > 1) {
-    char buf[96];
-    std::snprintf(buf, sizeof(buf), " straggler rank %d +%.0f%%", slowest, 100.0 * spread);
-    extra += buf;
-  }
-  if (r.lossScale > 0) {  // f16: what the loss scaler did (a falling scale, skipped steps)
-    char buf[96];
-    std::snprintf(buf, sizeof(buf), " loss-scale %g skipped %lld", r.lossScale,
-                  static_cast<long long>(r.skippedSteps));
-    extra += buf;
-  }
-  const double perStep = r.steps > 0 ? 1.0 / static_cast<double>(r.steps) : 0.0;
-  const CompressionStats& cs = comm.stats;
-  if (comm.present && cs.bytesAfter > 0 && cs.bytesAfter != cs.bytesBefore) {
-    char buf[128];
-    std::snprintf(buf, sizeof(buf), " comm %s/step (%.1fx less)",
-                  formatBytes(static_cast<int64_t>(static_cast<double>(cs.bytesAfter) * perStep)).c_str(),
-                  static_cast<double>(cs.bytesBefore) / static_cast<double>(cs.bytesAfter));
-    extra += buf;
-  }
-  const OffloadTimes& ot = comm.offload;
-  if (ot.jobs > 0) {  // ZeRO-Offload: the CPU step per step, and how much of it the GPU waited for
-    char buf[160];
-    std::snprintf(buf, sizeof(buf), " offload cpu %.1f ms (copy wait %.1f) train wait %.1f ms gpu wait %.1f ms",
-                  1e3 * ot.jobS / static_cast<double>(ot.jobs), 1e3 * ot.copyWaitS / static_cast<double>(ot.jobs),
-                  1e3 * ot.trainWaitS * perStep, 1e3 * ot.gpuWaitS * perStep);
-    extra += buf;
-  }
-  MT_LOG_INFO << task_.progressLine(p) << extra;
+  const Progress p = progressOf(r, global, W);
+  MT_LOG_INFO << task_.progressLine(p) << progressExtras(r, comm, W, slowest, spread);
   nlohmann::json j = {{"type", "step"},
                       {"step", p.step},
                       {"epoch", r.position.epoch},
@@ -100,29 +144,7 @@ void RunReporter::interval(const IntervalReport& r, Parallelism& parallelism) {
                       {"data_wait_s", r.steps > 0 ? r.waitSeconds / static_cast<double>(r.steps) : 0.0},
                       {"time", wallMicros() / 1e6}};
   task_.addStepFields(p, j);
-  // this rank's device memory (rank 0 writes the record): the curve the plots draw
-  j["allocated_bytes"] = as.allocatedBytes;
-  j["reserved_bytes"] = as.reservedBytes;
-  j["allocator_peak_bytes"] = as.peakAllocatedBytes;
-  j["compute_s_per_rank"] = ct;
-  j["straggler_rank"] = slowest;
-  j["straggler_spread"] = spread;
-  if (r.lossScale > 0) {
-    j["loss_scale"] = r.lossScale;
-    j["skipped_steps"] = r.skippedSteps;
-  }
-  if (ot.jobs > 0) {
-    j["offload_cpu_s"] = ot.jobS / static_cast<double>(ot.jobs);
-    j["offload_copy_wait_s"] = ot.copyWaitS / static_cast<double>(ot.jobs);
-    j["offload_train_wait_s"] = ot.trainWaitS * perStep;
-    j["offload_gpu_wait_s"] = ot.gpuWaitS * perStep;
-  }
-  if (comm.present) {
-    j["compression"] = comm.reducer;
-    j["comm_bytes_before"] = static_cast<double>(cs.bytesBefore) * perStep;
-    j["comm_bytes_after"] = static_cast<double>(cs.bytesAfter) * perStep;
-    j["compression_s"] = cs.seconds * perStep;
-  }
+  addStepRecordFields(j, r, comm, as, ct, slowest, spread);
   metrics_.write(j);
   if (prometheus_) prometheus_->interval(prometheusFigures(r, p, j, all.data<double>(), slowest, fastest));
 }
