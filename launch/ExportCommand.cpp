@@ -80,9 +80,23 @@ std::map<std::string, std::string> parseFlags(const std::string& command,
 }
 
 // --out must be a file this process can create beside: its directory exists and takes a new file
-// (tried, since permission bits say nothing to root or of a read-only mount).
-void checkWritableOutput(const std::string& command, const std::string& out) {
+// (tried, since permission bits say nothing to root or of a read-only mount); and it must not be
+// what the command reads: a file inside the checkpoint directory (a rank file replaced by an
+// export is a checkpoint lost) or one of the input files.
+void checkWritableOutput(const std::string& command, const std::string& out, const std::string& checkpoint,
+                         const std::vector<std::string>& inputs = {}) {
   std::error_code ec;
+  const fs::path target = fs::weakly_canonical(out, ec);
+  const fs::path ckptDir = fs::weakly_canonical(checkpoint, ec);
+  for (fs::path p = target.parent_path(); !ckptDir.empty() && !p.empty(); p = p.parent_path()) {
+    if (p == ckptDir)
+      throw ConfigError(command + ": --out " + out + " is inside the checkpoint it reads (" + checkpoint +
+                        "): writing there would destroy it");
+    if (p == p.root_path()) break;
+  }
+  for (const std::string& in : inputs)
+    if (!in.empty() && fs::weakly_canonical(in, ec) == target)
+      throw ConfigError(command + ": --out " + out + " is the input file " + in + ": writing it would destroy it");
   if (fs::exists(out, ec) && !fs::is_regular_file(out, ec))
     throw ConfigError(command + ": --out " + out + " exists and is not a regular file");
   fs::path dir = fs::path(out).parent_path();
@@ -204,7 +218,7 @@ int exportCommand(const std::vector<std::string>& args) {
       throw ConfigError("export: --external-data " + e + ": expected auto, always or never");
   }
   const std::optional<Int8ExportRequest> int8 = int8Request(f, format);
-  checkWritableOutput("export", out);
+  checkWritableOutput("export", out, ckpt, {f.count("--calibration-data") ? f.at("--calibration-data") : ""});
   rethrowingInternal([&] {  // a file already at --out is replaced only by a complete export
     if (format == "onnx") {
       exportOnnxFile(ckpt, out, external, int8 ? &*int8 : nullptr);
@@ -389,7 +403,7 @@ int logitsCommand(const std::vector<std::string>& args) {
     throw ConfigError("logits: --precision " + r.precision + ": expected f32, bf16 or f16\n" + kLogitsUsage);
   if (r.ckpt.empty() || r.out.empty())
     throw ConfigError(std::string("logits: --checkpoint and --out are required\n") + kLogitsUsage);
-  checkWritableOutput("logits", r.out);
+  checkWritableOutput("logits", r.out, r.ckpt, {r.data});
   rethrowingInternal([&] { runLogits(r); });
   return 0;
 }

@@ -215,6 +215,19 @@ class Export(Base):
         p = self.export(good, self.d)  # --out a directory
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("is not a regular file", p.stderr)
+        # --out inside the checkpoint it reads (a rank file, or a new file there): refused, and the
+        # checkpoint still exports afterwards.
+        rank0 = os.path.join(good, "rank0.h5")
+        with open(rank0, "rb") as f:
+            rank0_bytes = f.read()
+        for inside in (rank0, os.path.join(good, "..", os.path.basename(good), "export.h5")):
+            p = self.export(good, inside)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("is inside the checkpoint it reads", p.stderr)
+            with open(rank0, "rb") as f:
+                self.assertEqual(f.read(), rank0_bytes)
+        self.assertFalse(os.path.exists(os.path.join(good, "export.h5")))
+        self.assertEqual(self.export(good, out).returncode, 0)
 
 
 class Verification(Base):
