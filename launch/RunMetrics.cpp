@@ -10,6 +10,7 @@
 #include "core/Files.h"
 #include "core/Log.h"
 #include "core/Timer.h"
+#include "launch/Signals.h"
 
 namespace mt {
 
@@ -300,6 +301,7 @@ void RunMetrics::finish(ExitCause cause) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     cause_ = cause;
+    signalsAtFinish_ = stopSignalCount();
     ++figures_->exits[static_cast<size_t>(cause)];
     runDir = figures_->id.runDir;
   }
@@ -323,10 +325,26 @@ void RunMetrics::linger() {
   MT_LOG_INFO << "exit cause " << exitCauseName(cause_)
               << ": serving the final metrics until a scrape reads them"
               << " (at most " << options_.lingerS << " s, run.metrics_linger_s)";
-  const auto wait = std::chrono::milliseconds(static_cast<int64_t>(options_.lingerS * 1000.0));
-  if (!server_->waitServed(generation, wait))
-    MT_LOG_INFO << "no scrape within run.metrics_linger_s; the final figures are in " << runDir
-                << "/metrics.prom";
+  // In slices, so that a stop signal that came after finish() (the run may have stopped for an
+  // earlier one) ends the wait: a scheduler's SIGTERM is not held up for up to an hour.
+  int signals = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    signals = signalsAtFinish_;
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options_.lingerS * 1000.0));
+  while (!server_->waitServed(generation, std::chrono::milliseconds(100))) {
+    if (stopSignalCount() != signals) {
+      MT_LOG_INFO << "stop signal: no longer waiting for a scrape; the final figures are in " << runDir
+                  << "/metrics.prom";
+      return;
+    }
+    if (std::chrono::steady_clock::now() >= until) {
+      MT_LOG_INFO << "no scrape within run.metrics_linger_s; the final figures are in " << runDir
+                  << "/metrics.prom";
+      return;
+    }
+  }
 }
 
 void finishActiveRunMetrics(ExitCause cause) {

@@ -116,6 +116,7 @@ class RunMetrics {
   std::atomic<int64_t> step_{-1};  // -1: no step yet (the run's start step then)
   std::atomic<bool> finished_{false};
   ExitCause cause_ = ExitCause::kFinished;  // set once by finish()
+  int signalsAtFinish_ = 0;                  // stopSignalCount() then: a later signal ends linger()
 };
 
 // finish() and linger() on the process's RunMetrics, if any (the abort paths of launch/Failure.h).

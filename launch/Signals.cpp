@@ -13,11 +13,13 @@ namespace mt {
 namespace {
 volatile sig_atomic_t gStop = 0;
 volatile sig_atomic_t gSignal = 0;
+volatile sig_atomic_t gCount = 0;
 
 void onSignal(int sig) {
   if (sig == SIGINT && gStop) _exit(130);  // second Ctrl-C: now
   gSignal = sig;
   gStop = 1;
+  gCount = gCount + 1;  // the only writer (handlers of these signals do not nest: sa_mask)
 }
 }  // namespace
 
@@ -25,12 +27,14 @@ void installStopSignals() {
   struct sigaction sa {};
   sa.sa_handler = onSignal;
   sigemptyset(&sa.sa_mask);
+  for (int s : {SIGTERM, SIGUSR1, SIGINT}) sigaddset(&sa.sa_mask, s);
   sa.sa_flags = SA_RESTART;
   for (int s : {SIGTERM, SIGUSR1, SIGINT}) sigaction(s, &sa, nullptr);
 }
 
 bool stopSignalled() { return gStop != 0; }
 int stopSignalNumber() { return gSignal; }
+int stopSignalCount() { return gCount; }
 
 StopAgreement::StopAgreement(MPI_Comm world) {
   MpiCallGuard g;

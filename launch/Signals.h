@@ -11,6 +11,7 @@ namespace mt {
 void installStopSignals();
 bool stopSignalled();  // this process
 int stopSignalNumber();
+int stopSignalCount();  // stop signals received so far: a wait after the stop ends on the next one
 
 class StopAgreement {
  public:

@@ -297,6 +297,7 @@ int main(int argc, char** argv) {
       if (mpi.rank() == 0) std::cout << mt::configHelp();
       return 0;
     }
+    cfg.validate();  // before the metrics server uses run.metrics_port / _linger_s (Settings checks again)
     metrics = mt::RunMetrics::start(mt::metricsExportOptions(cfg), mpi.rank());
     trainer = std::make_unique<mt::Trainer>(cfg, mpi, metrics.get());
   } catch (const mt::Error& e) {

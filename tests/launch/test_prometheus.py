@@ -257,6 +257,38 @@ class PrometheusScrape(unittest.TestCase):
             self.assertIn("run.metrics_bind", p.stderr)
             self.assertIn("'localhost' is not an IP address", p.stderr)
 
+    def test_bad_port_or_linger_is_refused_before_serving(self):
+        # Checked before the server starts: no endpoint on a port nobody asked for (-1 used to
+        # serve on 65535), no hour-long linger on the way out (1e9 s used to hang the exit).
+        with tempfile.TemporaryDirectory() as d:
+            for extra, key in ((["--run.metrics_port=-1"], "run.metrics_port"),
+                               ([f"--run.metrics_port={free_port()}", "--run.metrics_linger_s=1e9"],
+                                "run.metrics_linger_s")):
+                cmd = train_cmd(d, "badport", 0, "--train.max_steps=2", *extra)
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+                out = p.stdout + p.stderr
+                self.assertEqual(p.returncode, 2, out[-2000:])
+                self.assertIn(key, p.stderr)
+                self.assertNotIn("serving Prometheus metrics", out)
+
+    def test_stop_signal_ends_the_linger(self):
+        # A finished run waiting up to 600 s for a last scrape that never comes leaves within
+        # seconds of a SIGTERM (a scheduler's stop is not held up by run.metrics_linger_s).
+        with tempfile.TemporaryDirectory() as d:
+            cmd = train_cmd(d, "linger", free_port(), "--train.max_steps=3", "--run.metrics_linger_s=600")[5:]
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            lines = []
+            for line in p.stdout:
+                lines.append(line)
+                if "serving the final metrics" in line:
+                    break
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGTERM)
+            rest, _ = p.communicate(timeout=30)
+            self.assertLess(time.monotonic() - t0, 5, rest)
+            self.assertEqual(p.returncode, 0, "".join(lines) + rest)
+            self.assertIn("stop signal: no longer waiting for a scrape", rest)
+
 
 if __name__ == "__main__":
     if PROMETHEUS is None:
