@@ -29,6 +29,7 @@ Param& ParamTable::add(const std::string& name, const Shape& shape, bool decay) 
   numel_ += p->numel();
   p->storageOffset = storageNumel_;
   storageNumel_ = alignParam(storageNumel_ + p->numel());
+  byName_.emplace(p->name, p.get());
   params_.push_back(std::move(p));
   return *params_.back();
 }
@@ -57,9 +58,8 @@ void ParamTable::materialize(Device device, DType dtype, ParamStorage storage) {
 }
 
 Param* ParamTable::find(const std::string& name) {
-  for (auto& p : params_)
-    if (p->name == name) return p.get();
-  return nullptr;
+  const auto it = byName_.find(name);
+  return it == byName_.end() ? nullptr : it->second;
 }
 
 int ParamTable::numUnits() const {

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/Tensor.h"
@@ -131,6 +132,7 @@ class ParamTable {
   void bindGroup(size_t g, const Tensor& buffer, int64_t bufferStart);
 
   std::vector<std::unique_ptr<Param>> params_;
+  std::unordered_map<std::string, Param*> byName_;  // find() and add()'s duplicate check, O(1) each
   int currentUnit_ = 0;
   int64_t numel_ = 0;
   int64_t storageNumel_ = 0;

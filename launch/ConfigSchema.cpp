@@ -32,6 +32,11 @@ KeyRange within(double lo, double hi, bool loOpen, bool hiOpen) {
   return r;
 }
 const KeyRange kNonNegative = atLeast(0), kPositive = positive(), kFraction = within(0, 1, false, true);
+// Model sizes: bounds far above any model trained today (GPT-3 175B: 96 x 12288, 96 heads) that
+// keep every product of them (a [4C, C] matrix, V x C, layers x 12 C^2) inside int64 and the
+// parameter table's build short, so a typo is a message naming the key, not an overflow or a
+// setup that never ends.
+constexpr double kMaxWidth = 1 << 24, kMaxVocab = 2147483647.0;  // token ids are int32
 
 ConfigKey text(std::string key, std::string def, std::string help) {
   return {std::move(key), std::move(def), KeyKind::kString, std::move(help), {}, {}};
@@ -95,8 +100,8 @@ const std::vector<ConfigKey>& configSchema() {
       real("model.dropout", "0", kFraction, "dropout probability after hidden layers"),
       choice("model.layout", "nhwc", choicesOf(layouts()), "cnn: activation layout"),
       intList("model.conv_channels", "32,64", "cnn: output channels of each conv + pool stage"),
-      integer("model.kernel", "3", kPositive, "cnn: convolution kernel size (odd; padding keeps the size)"),
-      integer("model.fc", "128", kPositive, "cnn: width of the hidden fully-connected layer"),
+      integer("model.kernel", "3", within(1, 255, false, false), "cnn: convolution kernel size (odd; padding keeps the size)"),
+      integer("model.fc", "128", within(1, kMaxWidth, false, false), "cnn: width of the hidden fully-connected layer"),
       choice("model.gpt_preset", "d12",
              {{"d6", ""},
               {"d12", "GPT-2 124M"},
@@ -106,12 +111,12 @@ const std::vector<ConfigKey>& configSchema() {
               {"gpt3-2.7b", "32 x 2560, 20 heads of 128"},
               {"gpt3-6.7b", "32 x 4096, 32 heads of 128"}},
              "gpt"),
-      integer("model.layers", "0", kNonNegative, "gpt: transformer blocks (0: the preset's)"),
-      integer("model.heads", "0", kNonNegative, "gpt: attention heads (0: the preset's)"),
-      integer("model.channels", "0", kNonNegative, "gpt: embedding width (0: the preset's)"),
-      integer("model.seq_len", "1024", kPositive, "gpt: tokens per sample (T)"),
-      integer("model.vocab_size", "0", kNonNegative, "gpt: vocabulary (0: the data file's vocab_size)"),
-      integer("model.padded_vocab", "0", kNonNegative,
+      integer("model.layers", "0", within(0, 4096, false, false), "gpt: transformer blocks (0: the preset's)"),
+      integer("model.heads", "0", within(0, 4096, false, false), "gpt: attention heads (0: the preset's)"),
+      integer("model.channels", "0", within(0, kMaxWidth, false, false), "gpt: embedding width (0: the preset's)"),
+      integer("model.seq_len", "1024", within(1, 1 << 24, false, false), "gpt: tokens per sample (T)"),
+      integer("model.vocab_size", "0", within(0, kMaxVocab, false, false), "gpt: vocabulary (0: the data file's vocab_size)"),
+      integer("model.padded_vocab", "0", within(0, kMaxVocab, false, false),
               "gpt: vocabulary padded for aligned GEMMs (0: next multiple of 128)"),
       choice("model.attention", "auto", choicesOf(attentionBackends()),
              "gpt, cuda in bf16/f16: the fused attention kernel (the first use of each shape logs which runs and "

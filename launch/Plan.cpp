@@ -275,6 +275,12 @@ int planCommand(const std::vector<std::string>& args) {
     modelName = s.model.type;
   }
 
+  // hybrid_shard's shard group is a node: training refuses nodes of different sizes (the topology
+  // check at setup), so the plan does too.
+  if (sharded && strat == ShardStrategy::kHybridShard && ranks > pa.gpusPerNode && ranks % pa.gpusPerNode != 0)
+    throw ConfigError("plan: --ranks " + std::to_string(ranks) + " over nodes of --gpus-per-node " +
+                      std::to_string(pa.gpusPerNode) +
+                      ": hybrid_shard needs every node to hold the same number of ranks (ranks a multiple of it)");
   // Parameters, gradients, optimizer state: replicated, or 1/S of them per rank in a shard group.
   const int64_t S = !sharded                               ? 1
                     : strat == ShardStrategy::kHybridShard ? std::min(ranks, pa.gpusPerNode)

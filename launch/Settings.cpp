@@ -20,6 +20,9 @@ GptConfig Settings::gptForData(int64_t dataVocab, const Config& c) const {
 }
 
 namespace {
+// The widest model.hidden / model.conv_channels entry (the schema bounds model.fc and
+// model.channels the same way, ConfigSchema.cpp: products of sizes stay inside int64).
+constexpr int64_t kMaxModelWidth = int64_t{1} << 24;
 // A choice key's value as its enum: validate() has checked it is one of the table's names.
 template <typename E>
 E enumOf(const Config& c, const std::string& key, const EnumTable<E>& table) {
@@ -84,14 +87,14 @@ Settings Settings::fromConfig(const Config& c) {
   m.type = c.str("model.type");
   m.hidden = c.i64List("model.hidden");
   for (int64_t h : m.hidden)
-    if (h <= 0) c.fail("model.hidden", "widths must be positive");
+    if (h <= 0 || h > kMaxModelWidth) c.fail("model.hidden", "widths must be in [1, 2^24]");
   m.activation = c.str("model.activation");
   m.dropout = static_cast<float>(c.f64("model.dropout"));
   m.layout = enumOf(c, "model.layout", layouts());
   m.convChannels = c.i64List("model.conv_channels");
   if (m.convChannels.empty()) c.fail("model.conv_channels", "needs at least one stage");
   for (int64_t ch : m.convChannels)
-    if (ch <= 0) c.fail("model.conv_channels", "channels must be positive");
+    if (ch <= 0 || ch > kMaxModelWidth) c.fail("model.conv_channels", "channels must be in [1, 2^24]");
   m.kernel = c.i64("model.kernel");
   if (m.kernel % 2 == 0) c.fail("model.kernel", "must be a positive odd number");
   m.fc = c.i64("model.fc");

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "core/Log.h"
@@ -20,6 +21,18 @@ namespace mt {
 Task::Task(const Settings& s) : s_(s), file_(H5File::open(s.dataPath, s.locking)) {}
 
 namespace {
+
+// Above this many parameters (about 2^53: 36 PB of f32 values) a model's sizes are a typo; its
+// element counts could overflow int64 before the memory check (Trainer::setupModel) sees them.
+constexpr double kMaxParameters = 9.0e15;
+
+void refuseAbsurdSize(const Config& cfg, const std::string& key, double parameters) {
+  if (parameters > kMaxParameters) {
+    char n[32];
+    std::snprintf(n, sizeof(n), "%.3g", parameters);
+    cfg.fail(key, std::string("about ") + n + " parameters: more than any machine holds");
+  }
+}
 
 // Both splits into memory (data.mode = memory), timed on rank 0.
 template <typename D>
@@ -70,10 +83,36 @@ class ImageTask final : public Task {
                                             std::to_string(in.height) + "x" + std::to_string(in.width) +
                                             " image to nothing");
     }
+    if (mc.type == "mlp") {
+      double params = 0.0, width = static_cast<double>(in.height * in.width * in.channels);
+      for (int64_t h : mc.hidden) params += (width + 1.0) * static_cast<double>(h), width = static_cast<double>(h);
+      refuseAbsurdSize(cfg, sizeKey(cfg), params);
+    } else {
+      double params = 0.0, ch = static_cast<double>(in.channels);
+      for (int64_t c : mc.convChannels)
+        params += static_cast<double>(mc.kernel * mc.kernel) * ch * static_cast<double>(c), ch = static_cast<double>(c);
+      params += static_cast<double>(in.height * in.width) * ch * static_cast<double>(mc.fc);
+      refuseAbsurdSize(cfg, sizeKey(cfg), params);
+    }
     return buildImageModel(mc, in);
   }
   std::string modelDetail() const override { return ""; }
-  std::string sizeKey() const override { return "model.hidden"; }
+  // mlp: its widths; cnn: the convolutions' channels or the fully-connected width, whichever is
+  // the larger factor of the parameters (the fc layer's input, the flattened feature map, against
+  // model.fc; or the k x k x in x out of the convolutions when they hold more than the fc layer).
+  std::string sizeKey(const Config&) const override {
+    const ModelConfig& mc = s_.model;
+    if (mc.type != "cnn") return "model.hidden";
+    const InputSpec in = train_.spec();
+    double h = static_cast<double>(in.height), w = static_cast<double>(in.width), conv = 0.0;
+    double ch = static_cast<double>(in.channels);
+    for (int64_t c : mc.convChannels) {
+      conv += static_cast<double>(mc.kernel * mc.kernel) * ch * static_cast<double>(c);
+      ch = static_cast<double>(c), h = std::floor(h / 2), w = std::floor(w / 2);
+    }
+    const double fcIn = h * w * ch, fc = static_cast<double>(mc.fc);
+    return fcIn * fc > conv && fc > fcIn ? "model.fc" : "model.conv_channels";
+  }
   std::string architecture(const Model& model) const override {
     const InputSpec images = train_.spec();
     return describeArchitecture(model, &images, nullptr);
@@ -132,12 +171,27 @@ class TokenTask final : public Task {
     // The test split's own vocabulary (its attribute, or max id + 1) may exceed the model's.
     test_.limitIds(s.gpt.vocab,
                    "the model's vocabulary: model.vocab_size, else the " + s.trainSplit + " split's");
+    const double C = static_cast<double>(s.gpt.channels);
+    refuseAbsurdSize(cfg, sizeKey(cfg),
+                     12.0 * C * C * static_cast<double>(s.gpt.layers) +
+                         static_cast<double>(s.gpt.paddedVocab + s.gpt.maxT) * C);
     return std::make_unique<Gpt>(s.gpt);
   }
   std::string modelDetail() const override {
-    return " (" + std::to_string(s_.gpt.layers) + " blocks x " + std::to_string(s_.gpt.channels) + " channels)";
+    return " (" + std::to_string(s_.gpt.layers) + " blocks x " + std::to_string(s_.gpt.channels) +
+           " channels, vocabulary " + std::to_string(s_.gpt.vocab) + ")";
   }
-  std::string sizeKey() const override { return "model.gpt_preset"; }
+  // The key behind most of the parameters: the vocabulary (the data file's, or model.vocab_size)
+  // when the embedding outweighs the blocks (12 C^2 each), else the width or depth set over the
+  // preset, else the preset.
+  std::string sizeKey(const Config& cfg) const override {
+    const double C = static_cast<double>(s_.gpt.channels);
+    if (static_cast<double>(s_.gpt.paddedVocab) * C > 12.0 * C * C * static_cast<double>(s_.gpt.layers))
+      return "model.vocab_size";
+    if (cfg.i64("model.channels") > 0) return "model.channels";
+    if (cfg.i64("model.layers") > 0) return "model.layers";
+    return "model.gpt_preset";
+  }
   std::string architecture(const Model& model) const override {
     const GptConfig gpt = s_.gpt;
     return describeArchitecture(model, nullptr, &gpt);

@@ -52,7 +52,7 @@ class Task {
   // What the log says of the model before it is built (gpt: " (12 blocks x 768 channels)").
   virtual std::string modelDetail() const = 0;
   // The key that sizes the model, named when it does not fit the machine.
-  virtual std::string sizeKey() const = 0;
+  virtual std::string sizeKey(const Config& cfg) const = 0;
   // The architecture record of checkpoints (launch/Architecture).
   virtual std::string architecture(const Model& model) const = 0;
   // This rank's evaluation batches (test-split indices), the same at every evaluation.

@@ -253,12 +253,15 @@ void Trainer::setupModel() {
   // A model too large for the machine is a configuration error (exit 2, saying what it needs),
   // not an allocation failure deep inside setup.
   const int64_t numParams = model_->params().numel();
-  const std::string needs = std::to_string(numParams) + " parameters need " + formatBytes(numParams * 4) + " (" +
+  const std::string needs = std::to_string(numParams) + " parameters" + task_->modelDetail() + " need " + formatBytes(numParams * 4) + " (" +
                             formatBytes(numParams * 16) + " with gradients and AdamW state)";
   if (device_.isCpu()) {
+    // Values, gradients and the optimizer's state (AdamW: m and v; SGD: the momentum buffer) are all
+    // in this machine's memory; one past it is killed by the kernel rather than failing an allocation.
+    const int64_t bytesPerParam = 8 + (s_.optim.type == "adamw" ? 8 : 4);
     const int64_t phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-    if (phys > 0 && numParams * 4 > phys)
-      cfg_.fail(task_->sizeKey(), "the model's " + needs + ", more than this machine's " + formatBytes(phys) +
+    if (phys > 0 && numParams * bytesPerParam > phys)
+      cfg_.fail(task_->sizeKey(cfg_), "the model's " + needs + ", more than this machine's " + formatBytes(phys) +
                                       " of memory");
   }
   // Sharded: the engine copies this rank's shards out of host-staged values and hands out
@@ -268,7 +271,7 @@ void Trainer::setupModel() {
     model_->params().materialize(device_, DType::kF32,
                                  sharded ? ParamStorage::kHostValuesOnly : ParamStorage::kDevice);
   } catch (const OutOfMemoryError& e) {
-    cfg_.fail(task_->sizeKey(), "the model's " + needs + ": " + e.what());
+    cfg_.fail(task_->sizeKey(cfg_), "the model's " + needs + ": " + e.what());
   }
   model_->initParams(s_.seed);
   parallelism_ = makeParallelism(s_, cfg_, *model_, *world_, nodePlanOf(topo_, mpi_.rank()));

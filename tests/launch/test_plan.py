@@ -136,7 +136,11 @@ class Plan(unittest.TestCase):
                  ["--train.batch_size=4611686018427387904", "more than 2^60 bytes"]),
                 (gpt + ["--train.batch_size=70368744177664"], ["--train.batch_size=70368744177664",
                                                               "more than 2^60 bytes"]),
-                (gpt + ["--model.channels=4294967296", "--model.heads=1"], ["model.channels", "more than 2^60 bytes"])):
+                (gpt + ["--model.channels=4294967296", "--model.heads=1"], ["--model.channels=4294967296", "must be in"]),
+                (gpt + ["--model.channels=16777216", "--model.heads=1", "--model.layers=4096"],
+                 ["model.channels", "more than 2^60 bytes"]),
+                (gpt + ["--ranks", "4", "--gpus-per-node", "3", "--sharding.strategy=hybrid_shard"],
+                 ["plan: --ranks 4 over nodes of --gpus-per-node 3", "the same number of ranks"])):
             p = subprocess.run([TRAINER, "plan", *args], capture_output=True, text=True, timeout=60)
             self.assertEqual(p.returncode, 2, f"{args}: {p.stdout}{p.stderr}")
             for n in needles:

@@ -72,8 +72,21 @@ class BadInput(unittest.TestCase):
             self.assertTrue(out.startswith(f"usage: trainer {sub}"), out)
 
     def test_model_too_large_for_the_machine_exits_2(self):
-        self.expect_error([f"--data.path={FASHION}", "--model.hidden=999999999"],
+        self.expect_error([f"--data.path={FASHION}", "--model.hidden=10000000"],
                           ["model.hidden", "parameters need", "more than this machine's"])
+        # The key that makes the model big is the one named (a CNN's channels, not model.hidden),
+        # and sizes whose products would overflow int64 are refused before anything is built.
+        cnn = [f"--data.path={FASHION}", "--model.type=cnn"]
+        self.expect_error(cnn + ["--model.conv_channels=100000"],
+                          ["model.conv_channels", "parameters need", "more than this machine's"])
+        self.expect_error(cnn + ["--model.fc=16000000"], ["model.fc", "parameters need"])
+        self.expect_error(cnn + ["--model.conv_channels=16000000,16000000", "--model.kernel=255"],
+                          ["model.conv_channels", "parameters: more than any machine holds"])
+        self.expect_error([f"--data.path={FASHION}", "--model.hidden=3037000500,3037000500"],
+                          ["model.hidden", "widths must be in [1, 2^24]"])
+        for key, value in (("model.fc", 2 ** 63 - 1), ("model.layers", 100000), ("model.channels", 2 ** 32),
+                           ("model.heads", 2 ** 63 - 1), ("model.vocab_size", 2 ** 63 - 1)):
+            self.expect_error([f"--data.path={FASHION}", f"--{key}={value}"], [f"--{key}={value}", "must be in"])
 
     def test_bad_override_is_named_as_the_override(self):
         path = self.ini("[train]\nepochs = 1\n")
