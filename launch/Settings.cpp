@@ -58,6 +58,8 @@ void readFp8(const Config& c, const std::string& modelType, Settings& s) {
       c.fail("fp8.layers",
              "unknown layer '" + name + "' (expected a comma-separated list of qkv, proj, fc, fcproj)");
   }
+  if (f.enabled && !(l.qkv || l.proj || l.fc || l.fcProj))
+    c.fail("fp8.layers", "names no layer: train.precision = fp8 would multiply nothing in FP8 (bf16 is that run)");
 }
 }  // namespace
 

@@ -63,6 +63,21 @@ void Trainer::warnIfBoundNarrowly() const {
               << ")";
 }
 
+// Settings the schema admits that this run's device or strategy does not use: said once, so a
+// comparison run is not believed to have measured them.
+void Trainer::warnIfWithoutEffect() const {
+  if (mpi_.rank() != 0) return;
+  const bool sharded = s_.sharding.strategy != ShardStrategy::kNoShard;
+  if (s_.sharding.delayedUpdate && device_.isCpu())
+    MT_LOG_WARN << "sharding.delayed_update: on the CPU the optimizer steps the shards in place, with no CPU step to "
+                   "overlap; this run's updates are not delayed";
+  if (!sharded && cfg_.str("sharding.reduce_dtype") != "f32")
+    MT_LOG_WARN << "sharding.reduce_dtype applies to the sharded strategies' reduce-scatter; no_shard all-reduces "
+                   "in f32 (compression.method = bf16 or fp16 halves its traffic)";
+  if (!sharded && cfg_.str("sharding.param_dtype") != "auto")
+    MT_LOG_WARN << "sharding.param_dtype applies to the sharded strategies' gather copy; no_shard keeps f32 weights";
+}
+
 Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi, RunMetrics* metrics)
     : cfg_(cfg), s_(Settings::fromConfig(cfg)), mpi_(mpi), launch_(discoverLaunch(mpi)), metrics_(metrics) {
   if (mpi_.rank() == 0) MT_LOG_INFO << launch_.describe() << " on " << mpi_.numNodes() << " node(s)";
@@ -75,6 +90,7 @@ Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi, RunMetrics* metrics)
   takeRunDirectory();
   topo_ = applyTopology(s_, mpi_.rank());
   setupDevice();
+  warnIfWithoutEffect();
   setupComm();
   setupData();
   setupModel();

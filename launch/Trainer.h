@@ -46,6 +46,7 @@ class Trainer {
 
  private:
   void warnIfBoundNarrowly() const;
+  void warnIfWithoutEffect() const;
   void takeRunDirectory();
   void setupDevice();
   void setupComm();

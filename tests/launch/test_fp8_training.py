@@ -78,6 +78,7 @@ class Fp8Training(unittest.TestCase):
     def test_bad_settings_exit_2_naming_the_key(self):
         with tempfile.TemporaryDirectory() as d:
             for args, key in ((["--fp8.layers=qkv,mlp"], "fp8.layers"),
+                              (["--fp8.layers=,,"], "fp8.layers=,,: names no layer"),
                               (["--model.type=mlp"], "train.precision"),
                               (["--fp8.amax_history=0"], "fp8.amax_history"),
                               (["--fp8.recipe=sometimes"], "fp8.recipe")):
