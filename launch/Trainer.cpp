@@ -268,13 +268,15 @@ void Trainer::setupModel() {
   }
   // A model too large for the machine is a configuration error (exit 2, saying what it needs),
   // not an allocation failure deep inside setup.
+  // Values, gradients and the optimizer's state (AdamW: m and v; SGD: the momentum buffer).
   const int64_t numParams = model_->params().numel();
-  const std::string needs = std::to_string(numParams) + " parameters" + task_->modelDetail() + " need " + formatBytes(numParams * 4) + " (" +
-                            formatBytes(numParams * 16) + " with gradients and AdamW state)";
+  const int64_t bytesPerParam = 8 + (s_.optim.type == "adamw" ? 8 : 4);
+  const std::string needs = std::to_string(numParams) + " parameters" + task_->modelDetail() + " need " +
+                            formatBytes(numParams * 4) + " (" + formatBytes(numParams * bytesPerParam) +
+                            " with gradients and " + s_.optim.type + " state)";
   if (device_.isCpu()) {
-    // Values, gradients and the optimizer's state (AdamW: m and v; SGD: the momentum buffer) are all
-    // in this machine's memory; one past it is killed by the kernel rather than failing an allocation.
-    const int64_t bytesPerParam = 8 + (s_.optim.type == "adamw" ? 8 : 4);
+    // All of it in this machine's memory: a process past it is killed by the kernel rather than
+    // failing an allocation, so the check counts the whole, not the values alone.
     const int64_t phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
     if (phys > 0 && numParams * bytesPerParam > phys)
       cfg_.fail(task_->sizeKey(cfg_), "the model's " + needs + ", more than this machine's " + formatBytes(phys) +
