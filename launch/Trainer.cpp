@@ -76,6 +76,21 @@ void Trainer::warnIfWithoutEffect() const {
                    "in f32 (compression.method = bf16 or fp16 halves its traffic)";
   if (!sharded && cfg_.str("sharding.param_dtype") != "auto")
     MT_LOG_WARN << "sharding.param_dtype applies to the sharded strategies' gather copy; no_shard keeps f32 weights";
+  // Keys of one precision or mode set away from their defaults in a run of another.
+  const auto changed = [&](const std::string& prefix) {
+    std::string keys;
+    for (const ConfigKey& k : configSchema())
+      if (k.key.rfind(prefix, 0) == 0 && cfg_.str(k.key) != k.defaultValue) keys += (keys.empty() ? "" : ", ") + k.key;
+    return keys;
+  };
+  const std::string fp8Keys = changed("fp8."), scalerKeys = changed("train.loss_scale_");
+  if (s_.precision != "fp8" && !fp8Keys.empty())
+    MT_LOG_WARN << fp8Keys << ": set, but train.precision = " << s_.precision << " runs no FP8 layer";
+  if (s_.precision != "f16" && !scalerKeys.empty())
+    MT_LOG_WARN << scalerKeys << ": set, but only train.precision = f16 scales the loss (this run: "
+                << s_.precision << ")";
+  if (s_.gpt.checkpointing == ActivationCheckpointing::kNone && !changed("train.activation_checkpointing_").empty())
+    MT_LOG_WARN << "train.activation_checkpointing_every: set, but train.activation_checkpointing = none";
 }
 
 Trainer::Trainer(const Config& cfg, MpiEnvironment& mpi, RunMetrics* metrics)
