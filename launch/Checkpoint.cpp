@@ -94,6 +94,7 @@ CheckpointManager::~CheckpointManager() = default;
 void CheckpointManager::setIdentity(RunIdentity identity) {
   identity_ = std::move(identity);
   if (!identity_.dataPath.empty()) identity_.dataPath = canonicalPath(identity_.dataPath);
+  if (!identity_.runDir.empty()) identity_.runDir = canonicalPath(identity_.runDir);
 }
 
 // ---- save ----
@@ -391,6 +392,10 @@ void CheckpointManager::warnAboutDifferences(const std::string& path, const Chec
     MT_LOG_WARN << "checkpoint " << path << " was trained on " << was.dataPath << " (split " << was.trainSplit
                 << "), this run reads " << identity_.dataPath << " (split " << identity_.trainSplit
                 << "): training continues on other data";
+  if (!was.runDir.empty() && !identity_.runDir.empty() && was.runDir != identity_.runDir)
+    MT_LOG_WARN << "checkpoint " << path << " was written by the run in " << was.runDir << "; this run ("
+                << identity_.runDir << ") continues it, and its saves rotate the shared checkpoint.dir "
+                << dir_ << " (checkpoint.keep = " << keep_ << "): that run's checkpoints there may be removed";
   if (otherBatch)
     MT_LOG_WARN << "checkpoint " << path << " was trained with train.batch_size " << was.globalBatch
                 << ", this run uses " << identity_.globalBatch << ": the data continues at batch "

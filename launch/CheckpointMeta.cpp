@@ -166,6 +166,7 @@ void parseIdentity(const Fields& f, const Json& j, CheckpointMeta& m) {
     m.identity.trainSplit = f.string(*data, "train_split", "data.train_split", 256);
     m.identity.globalBatch = f.integer(*data, "batch_size", "data.batch_size", 1, kMaxCount);
   }
+  if (j.contains("run_dir")) m.identity.runDir = f.string(j, "run_dir", "run_dir", 4096);
   auto comp = j.find("compression");
   if (comp != j.end()) {
     m.compression = f.string(*comp, "compression", 32);
@@ -293,6 +294,7 @@ std::string CheckpointMeta::toJson() const {
     j["data"] = {{"path", identity.dataPath},
                  {"train_split", identity.trainSplit},
                  {"batch_size", identity.globalBatch}};
+  if (!identity.runDir.empty()) j["run_dir"] = identity.runDir;
   if (!compression.empty()) j["compression"] = compression;
   if (!fp8Ranks.empty()) j["fp8"] = {{"names", state.fp8Names}, {"ranks", fp8Ranks}};
   Json fs = Json::array();

@@ -45,6 +45,7 @@ struct RunIdentity {
   std::string architecture;  // launch/Architecture's JSON; "" unknown
   std::string dataPath, trainSplit;
   int64_t globalBatch = 0;  // 0: unknown (a version 1 checkpoint)
+  std::string runDir;       // the run directory that wrote it (canonical); "" unknown (older builds)
 };
 
 struct CheckpointParam {

@@ -320,7 +320,7 @@ void Trainer::setupModel() {
 void Trainer::resumeIfAny() {
   ckpt_ = std::make_unique<CheckpointManager>(s_.checkpointDir, static_cast<int>(s_.checkpointKeep), *world_,
                                               s_.checkpointTimeout);
-  ckpt_->setIdentity({task_->architecture(*model_), s_.dataPath, s_.trainSplit, s_.globalBatch});
+  ckpt_->setIdentity({task_->architecture(*model_), s_.dataPath, s_.trainSplit, s_.globalBatch, runDir_});
   ckpt_->prepare();
   if (s_.resume == "never") return;
   const std::string path = s_.resume == "auto" ? ckpt_->findLatestValid() : s_.resume;

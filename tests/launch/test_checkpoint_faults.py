@@ -126,6 +126,12 @@ class AnotherModel(Base):
         p = run(2, [f"--run.dir={self.d}", "--run.name=data", "--model.dropout=0.2", "--train.max_steps=14"])
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
         self.assertIn("dropout", p.stderr)
+        # Another run pointed at this run's checkpoint.dir continues it, and says so: its saves
+        # rotate that directory.
+        shared = os.path.join(self.d, "data", "checkpoints")
+        p = run(2, [f"--run.dir={self.d}", "--run.name=other", f"--checkpoint.dir={shared}", "--train.max_steps=16"])
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertRegex(p.stderr, r"was written by the run in \S*/data; this run \(\S*/other\) continues it")
 
 
 class MetaValues(Base):

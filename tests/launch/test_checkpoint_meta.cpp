@@ -28,7 +28,7 @@ CheckpointMeta sample() {
   m.state.scalerClean = 12;
   m.state.scalerSkipped = 5;
   m.optimizerSteps = 40;
-  m.identity = {R"({"format":"meshtrain-architecture","type":"mlp"})", "/data/f.h5", "train", 256};
+  m.identity = {R"({"format":"meshtrain-architecture","type":"mlp"})", "/data/f.h5", "train", 256, "/runs/a"};
   m.worldSize = 2;
   m.numel = 110;
   m.stateNames = {"exp_avg", "exp_avg_sq"};
@@ -74,6 +74,7 @@ TEST(CheckpointMeta, WhatSaveWritesParsesBack) {
   EXPECT_EQ(m.state.scalerSkipped, 5);
   EXPECT_EQ(m.identity.dataPath, "/data/f.h5");
   EXPECT_EQ(m.identity.globalBatch, 256);
+  EXPECT_EQ(m.identity.runDir, "/runs/a");
   EXPECT_EQ(m.compression, "powersgd");
   ASSERT_EQ(m.params.size(), 2u);
   EXPECT_EQ(m.params[0].shape, (Shape{10, 10}));
@@ -122,6 +123,7 @@ TEST(CheckpointMeta, ValuesOfTheWrongTypeOrRangeNameTheKey) {
       {[](Json& j) { j["params"][1]["name"] = "fc.weight"; }, "'params[1].name' repeats fc.weight"},
       {[](Json& j) { j["data"]["batch_size"] = 0; }, "'data.batch_size' must be an integer in [1, "},
       {[](Json& j) { j["compression"] = "zip"; }, "'compression' names no compression method"},
+      {[](Json& j) { j["run_dir"] = 3; }, "'run_dir' must be a string"},
       {[](Json& j) { j["fp8"]["names"][1] = "h0.qkv.x"; }, "'fp8.names' repeat a name"},
       {[](Json& j) { j["fp8"]["names"][0] = "../x"; }, "'fp8.names[0]' is not a state name"},
       {[](Json& j) { j["fp8"]["ranks"].erase(1); }, "'fp8.ranks' must hold world_size (2) lists"},
