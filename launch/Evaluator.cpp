@@ -52,12 +52,18 @@ Evaluator::~Evaluator() {
   loader_.reset();
 }
 
-EvalResult Evaluator::run(Model& model, Parallelism& parallelism, Communicator& world) {
+EvalResult Evaluator::run(Model& model, Parallelism& parallelism, Communicator& world,
+                          const std::function<bool()>& stopNow) {
   Context ctx;
   ctx.training = false;
   ctx.device = device_;
   LossStats total;
+  bool stopped = false;
   for (int64_t k = 0; k < forwards_; ++k) {
+    if (stopNow && stopNow()) {
+      stopped = true;
+      break;
+    }
     const Batch b = feed_ ? feed_->next() : loader_->next();
     LossStats s = model.forward(b, ctx);
     parallelism.afterEvalForward();
@@ -66,7 +72,9 @@ EvalResult Evaluator::run(Model& model, Parallelism& parallelism, Communicator& 
     total.correct += s.correct;
     total.count += s.count;
   }
-  return evalResult(sumOverRanks(world, total));
+  EvalResult e = evalResult(sumOverRanks(world, total));
+  e.stopped = stopped;
+  return e;
 }
 
 }  // namespace mt

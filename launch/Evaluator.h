@@ -3,6 +3,7 @@
 // and sent to the device by a DeviceFeed exactly as training's batches are (pinned, managed or
 // resident), forwarded without gradients, and their loss statistics summed over the ranks.
 
+#include <functional>
 #include <memory>
 
 #include "comm/Communicator.h"
@@ -30,8 +31,12 @@ class Evaluator {
   Evaluator(const Evaluator&) = delete;
   Evaluator& operator=(const Evaluator&) = delete;
 
-  // One pass over this rank's batches; collective (the sums over ranks).
-  EvalResult run(Model& model, Parallelism& parallelism, Communicator& world);
+  // One pass over this rank's batches; collective (the sums over ranks). stopNow (optional) is
+  // asked before each forward and must answer the same on every rank (the trainer's stop
+  // agreement): true ends the pass there, stopped set, so a SIGTERM is not held up by a long test
+  // set. The pass is then abandoned (the run ends; the loader is not rewound).
+  EvalResult run(Model& model, Parallelism& parallelism, Communicator& world,
+                 const std::function<bool()>& stopNow = {});
   int64_t batchesPerRank() const { return batches_; }
   // Forwards per pass: the same on every rank (batchesPerRank() plus padding).
   int64_t forwardsPerPass() const { return forwards_; }

@@ -270,6 +270,12 @@ void RunReporter::diverged(int64_t step, const std::string& why, const std::stri
 void RunReporter::finished(int64_t totalSteps, int64_t stepsTrained, double wallSeconds, const EvalResult& e) {
   if (world_.rank() != 0) return;
   MT_LOG_INFO << "trained " << stepsTrained << " steps in " << formatDuration(wallSeconds);
+  if (e.stopped) {  // the model is trained and saved; its test figures were not finished
+    std::printf("final evaluation stopped by a signal: training finished, its test figures were not computed\n");
+    std::fflush(stdout);
+    metrics_.write({{"type", "final"}, {"steps", totalSteps}, {"evaluation", "stopped"}, {"wall_s", wallSeconds}});
+    return;
+  }
   // Unprefixed, for scripts: the one line a run ends with.
   std::printf("%s\n", task_.finalLine(e).c_str());
   std::fflush(stdout);

@@ -48,6 +48,7 @@ StopAgreement::~StopAgreement() {
 }
 
 bool StopAgreement::poll() {
+  if (agreed_) return true;
   MpiCallGuard g;
   bool stop = false;
   if (req_ != MPI_REQUEST_NULL) {
@@ -58,6 +59,7 @@ bool StopAgreement::poll() {
     send_ = gStop ? 1 : 0;
     MPI_CHECK(MPI_Iallreduce(&send_, &recv_, 1, MPI_INT, MPI_MAX, comm_, &req_));
   }
+  agreed_ = stop;
   return stop;
 }
 

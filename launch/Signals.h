@@ -19,14 +19,15 @@ class StopAgreement {
   ~StopAgreement();
   StopAgreement(const StopAgreement&) = delete;
   StopAgreement& operator=(const StopAgreement&) = delete;
-  // Call once per step: true when some rank was signalled (the same answer on every rank, one
-  // step after the signal arrived).
+  // Call once per step (and per evaluation forward): true when some rank was signalled (the same
+  // answer on every rank, one call after the signal arrived), and from then on.
   bool poll();
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Request req_ = MPI_REQUEST_NULL;
   int send_ = 0, recv_ = 0;
+  bool agreed_ = false;
 };
 
 }  // namespace mt

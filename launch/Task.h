@@ -32,6 +32,7 @@ struct EvalResult {
   double loss = 0.0;
   double accuracy = 0.0;
   int64_t count = 0;
+  bool stopped = false;  // a stop signal ended the pass early: the figures are partial, not reported
 };
 
 class Task {

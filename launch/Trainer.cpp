@@ -534,7 +534,7 @@ EvalResult Trainer::evaluate() {
   if (!evaluator_)
     evaluator_ = std::make_unique<Evaluator>(*task_, s_.loader, *host_, device_, s_.feed, world_->rank(),
                                              world_->size(), localBatch_, microBatch_);
-  return evaluator_->run(*model_, *parallelism_, *world_);
+  return evaluator_->run(*model_, *parallelism_, *world_, [this] { return stopAgreed(); });
 }
 
 // On the GPU the divergence check reads a step's loss one step late, once the next step is queued
@@ -661,7 +661,15 @@ Trainer::RunEnd Trainer::endAfter(int64_t step) {
   if (s_.checkpointInterval > 0 && (step + 1) % s_.checkpointInterval == 0 && step + 1 < totalSteps_ &&
       guardedSave(step + 1) == SaveOutcome::kDiverged)
     return RunEnd::kDiverged;
-  if (!(stop_ ? stop_->poll() : stopSignalled())) return RunEnd::kRunning;
+  if (!stopAgreed()) return RunEnd::kRunning;
+  return stopAfter(step);
+}
+
+// Whether some rank got a stop signal: the same answer on every rank (one call late).
+bool Trainer::stopAgreed() { return stop_ ? stop_->poll() : stopSignalled(); }
+
+// The stop, agreed on, after step `step` (from 0): its checkpoint, then kPreempted.
+Trainer::RunEnd Trainer::stopAfter(int64_t step) {
   if (world_->rank() == 0)
     MT_LOG_WARN << "stop signal received: " << (s_.checkpointAtExit ? "saving a checkpoint and " : "")
                 << "leaving after step " << step + 1;
@@ -754,8 +762,13 @@ int Trainer::run() {
     end = endAfter(step);
     if (evalNow && end == RunEnd::kRunning) {
       last = evaluate();
-      evaluatedAtEnd = step + 1 == totalSteps_;
-      reporter_->evaluation(step + 1, last);
+      if (last.stopped) {  // a stop signal during the evaluation: the stop, as after the step
+        end = stopAfter(step);
+        last = EvalResult();
+      } else {
+        evaluatedAtEnd = step + 1 == totalSteps_;
+        reporter_->evaluation(step + 1, last);
+      }
     }
   }
   return endRun(end == RunEnd::kRunning ? RunEnd::kFinished : end, step, last, evaluatedAtEnd,

@@ -76,6 +76,8 @@ class Trainer {
   int endOnRecordsFailure(int64_t stepsDone);
   int agreedExitCode(int code);
   RunEnd endAfter(int64_t step);
+  bool stopAgreed();
+  RunEnd stopAfter(int64_t step);
   int endRun(RunEnd end, int64_t stepsDone, EvalResult last, bool evaluatedAtEnd, double wallSeconds);
   // One optimizer step over train.grad_accum_steps micro-batches (their gradients accumulate);
   // returns this rank's loss statistics.

@@ -312,6 +312,35 @@ class Saves(Base):
         self.assertGreater(len(written), 3, out[-3000:])
         self.assertEqual(len(written), len(set(written)), f"saved twice: {written}")
 
+    def test_stop_during_the_final_evaluation_ends_it(self):
+        # A CNN evaluated one example per forward: about 5,000 forwards per rank, many seconds. A
+        # stop signal to one rank during it ends the pass on both (agreed) within a forward or two,
+        # not after the whole test set: no test figures, the run counted finished (its checkpoint
+        # written before the evaluation).
+        rd = os.path.join(self.d, "evalstop")
+        proc = subprocess.Popen(["mpirun", "-np", "2", TRAINER, "--model.type=cnn", f"--data.path={FASHION}",
+                                 f"--run.dir={self.d}", "--run.name=evalstop", "--train.max_steps=1",
+                                 "--train.eval_batch_size=2"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "written in" in line:  # the final checkpoint: the evaluation comes next
+                break
+        time.sleep(0.5)
+        with open(os.path.join(rd, "rank1.pid")) as f:
+            os.kill(int(f.read()), signal.SIGUSR1)
+        t0 = time.time()
+        out, _ = proc.communicate(timeout=120)
+        out = "".join(lines) + out
+        self.assertEqual(proc.returncode, 0, out[-3000:])
+        self.assertLess(time.time() - t0, 5, out[-3000:])
+        self.assertIn("final evaluation stopped by a signal", out)
+        self.assertNotIn("final test_accuracy", out)
+        with open(os.path.join(rd, "metrics.jsonl")) as f:
+            final = [json.loads(l) for l in f if '"final"' in l]
+        self.assertEqual(final[-1].get("evaluation"), "stopped", final)
+
     def resumed_equals_uninterrupted(self, method, *extra):
         comp = [f"--compression.method={method}", "--compression.start_iter=3", *extra]
         ck, names = self.train(f"straight_{method}", steps=24, interval=8, extra=comp)
