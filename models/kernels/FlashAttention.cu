@@ -453,25 +453,15 @@ using BwdLaunch = void (*)(const BwdArgs&, int B, cudaStream_t);
 
 template <int D, int WARPS, int BC, int MW, int MINB, typename T>
 void launchForward(const FwdArgs& a, int B, cudaStream_t s) {
-  constexpr size_t smem = fwdSmemBytes<D, WARPS, BC, MW>();
-  auto kernel = flashForwardKernel<D, WARPS, BC, MW, MINB, T>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  // All of the unified L1 as shared memory, or the default carveout caps blocks per SM below what
-  // registers allow.
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>(B * a.H), (a.T + WARPS * 16 * MW - 1) / (WARPS * 16 * MW));
-  kernel<<<grid, WARPS * 32, smem, s>>>(a);
-  CUDA_CHECK(cudaGetLastError());
+  launchWithSmem(flashForwardKernel<D, WARPS, BC, MW, MINB, T>, grid, WARPS * 32, fwdSmemBytes<D, WARPS, BC, MW>(),
+                 true, s, a);
 }
 template <int D, int WARPS, int BRQ, bool KEEPKV, int MINB, typename T>
 void launchBackward(const BwdArgs& a, int B, cudaStream_t s) {
-  constexpr size_t smem = bwdSmemBytes<D, WARPS, BRQ>();
-  auto kernel = flashBackwardKernel<D, WARPS, BRQ, KEEPKV, MINB, T>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>(B * a.H), (a.T + WARPS * 16 - 1) / (WARPS * 16));
-  kernel<<<grid, WARPS * 32, smem, s>>>(a);
-  CUDA_CHECK(cudaGetLastError());
+  launchWithSmem(flashBackwardKernel<D, WARPS, BRQ, KEEPKV, MINB, T>, grid, WARPS * 32, bwdSmemBytes<D, WARPS, BRQ>(),
+                 true, s, a);
 }
 
 template <typename L>

@@ -280,26 +280,19 @@ __device__ int gWgmmaBuilt = MT_WGMMA;
 
 template <int BC, int NWG, int MINB, int ORDER, int OPT, typename T>
 void launchForwardSm90(const FwdArgs& args, int B, cudaStream_t s) {
-  constexpr size_t smem = fwdSm90SmemBytes<BC, NWG, OPT>();
-  auto kernel = flashForwardSm90Kernel<BC, NWG, MINB, OPT, T>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   FwdArgs a = args;
   a.tileMajor = ORDER;
-  kernel<<<tileGrid(ORDER, B * a.H, (a.T + NWG * 64 - 1) / (NWG * 64)), NWG * 128, smem, s>>>(a);
-  CUDA_CHECK(cudaGetLastError());
+  launchWithSmem(flashForwardSm90Kernel<BC, NWG, MINB, OPT, T>,
+                 tileGrid(ORDER, B * a.H, (a.T + NWG * 64 - 1) / (NWG * 64)), NWG * 128,
+                 fwdSm90SmemBytes<BC, NWG, OPT>(), true, s, a);
 }
 
 template <int ORDER, typename T>
 void launchBackwardSm90Q128(const BwdArgs& args, int B, cudaStream_t s) {
-  constexpr size_t smem = bwdSm90Q128SmemBytes();
-  auto kernel = flashBackwardSm90Q128Kernel<T>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   BwdArgs a = args;
   a.tileMajor = ORDER;
-  kernel<<<tileGrid(ORDER, B * a.H, (a.T + 127) / 128), 256, smem, s>>>(a);
-  CUDA_CHECK(cudaGetLastError());
+  launchWithSmem(flashBackwardSm90Q128Kernel<T>, tileGrid(ORDER, B * a.H, (a.T + 127) / 128), 256,
+                 bwdSm90Q128SmemBytes(), true, s, a);
 }
 
 bool sm90KernelsUsable() {

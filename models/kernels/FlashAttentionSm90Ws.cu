@@ -335,13 +335,10 @@ void launchForwardSm90Ws(const FwdArgs& args, int B, cudaStream_t s) {
   FwdMaps m;
   m.k = rowsMap<T>(args.k, args.ksb, args.kst, args.ksh, B, args.T, args.H, kFwdKeys, "k");
   m.v = rowsMap<T>(args.v, args.vsb, args.vst, args.vsh, B, args.T, args.H, kFwdKeys, "v");
-  auto kernel = flashForwardSm90WsKernel<T>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kFwdSmemBytes)));
   FwdArgs a = args;
   a.tileMajor = 1;
-  kernel<<<tileGrid(1, B * a.H, (a.T + kFwdRows - 1) / kFwdRows), kFwdThreads, kFwdSmemBytes, s>>>(a, m);
-  CUDA_CHECK(cudaGetLastError());
+  launchWithSmem(flashForwardSm90WsKernel<T>, tileGrid(1, B * a.H, (a.T + kFwdRows - 1) / kFwdRows), kFwdThreads,
+                 kFwdSmemBytes, false, s, a, m);
 }
 
 template <typename T>
@@ -364,13 +361,10 @@ void launchBackwardSm90Ws(const BwdArgs& args, int B, cudaStream_t s) {
   d.strides[2] = static_cast<uint64_t>(args.dqsb);
   d.box[0] = 32, d.box[1] = 64;
   m.dq = encodeTensorMap(d, "dq accumulator");
-  auto kernel = flashBackwardSm90WsKernel<T>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kWsSmemBytes)));
   BwdArgs a = args;
   a.tileMajor = 1;
-  kernel<<<tileGrid(1, B * a.H, (a.T + kBC - 1) / kBC), kWsThreads, kWsSmemBytes, s>>>(a, m);
-  CUDA_CHECK(cudaGetLastError());
+  launchWithSmem(flashBackwardSm90WsKernel<T>, tileGrid(1, B * a.H, (a.T + kBC - 1) / kBC), kWsThreads, kWsSmemBytes,
+                 false, s, a, m);
 }
 
 template void launchForwardSm90Ws<__nv_bfloat16>(const FwdArgs&, int, cudaStream_t);

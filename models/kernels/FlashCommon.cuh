@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/cuda/CudaCheck.h"
 #include "models/kernels/CpAsync.cuh"
 
 namespace mt::cuda::flash {
@@ -201,6 +202,20 @@ __device__ __forceinline__ void blockTile(int tileMajor, int nTiles, int& tile, 
 }
 inline dim3 tileGrid(int tileMajor, int BH, int nTiles) {
   return tileMajor ? dim3(static_cast<unsigned>(BH) * static_cast<unsigned>(nTiles)) : dim3(BH, nTiles);
+}
+
+// Every attention launcher: `kernel` on grid x threads with smem bytes of dynamic shared memory
+// (its limit raised first) and, with maxShared, all of the unified L1 as shared memory (the default
+// carveout caps blocks per SM below what registers allow), then the launch checked.
+template <typename... Params, typename... Args>
+void launchWithSmem(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, bool maxShared, cudaStream_t s,
+                    const Args&... args) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  if (maxShared)
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  kernel<<<grid, threads, smem, s>>>(args...);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 // One key tile of the forward's online softmax for a 16-row block (rows rowBase + g and + 8): S
