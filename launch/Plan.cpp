@@ -208,7 +208,7 @@ void checkGptScale(const GptConfig& g) {
   const double C = static_cast<double>(g.channels), L = static_cast<double>(g.layers),
                T = static_cast<double>(g.maxT), H = static_cast<double>(g.heads),
                V = static_cast<double>(g.paddedVocab);
-  const double params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const double params = g.numParamsEstimate();
   const double perSample = (L + 1) * T * (H * T + 64 * C) * 4 + T * V * 4 + V * C * 4;
   if (params * 16 > static_cast<double>(kMaxPlanBytes) || perSample > static_cast<double>(kMaxPlanBytes))
     throw ConfigError(

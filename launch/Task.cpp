@@ -26,6 +26,25 @@ namespace {
 // element counts could overflow int64 before the memory check (Trainer::setupModel) sees them.
 constexpr double kMaxParameters = 9.0e15;
 
+// A CNN's parameters in double precision, in the parts sizeKey weighs: the convolutions'
+// k x k x in x out, and the fully-connected layer's input (the pooled feature map) and width.
+struct CnnSize {
+  double conv = 0.0, fcIn = 0.0, fc = 0.0;
+  double total() const { return conv + fcIn * fc; }
+};
+
+CnnSize cnnSize(const ModelConfig& mc, const InputSpec& in) {
+  CnnSize c;
+  double h = static_cast<double>(in.height), w = static_cast<double>(in.width), ch = static_cast<double>(in.channels);
+  for (int64_t out : mc.convChannels) {
+    c.conv += static_cast<double>(mc.kernel * mc.kernel) * ch * static_cast<double>(out);
+    ch = static_cast<double>(out), h = std::floor(h / 2), w = std::floor(w / 2);
+  }
+  c.fcIn = h * w * ch;
+  c.fc = static_cast<double>(mc.fc);
+  return c;
+}
+
 void refuseAbsurdSize(const Config& cfg, const std::string& key, double parameters) {
   if (parameters > kMaxParameters) {
     char n[32];
@@ -76,22 +95,15 @@ class ImageTask final : public Task {
     const ModelConfig& mc = s.model;
     const InputSpec in = train_.spec();
     if (mc.type == "cnn") {
-      int64_t h = in.height, w = in.width;
-      for (size_t i = 0; i < mc.convChannels.size(); ++i) h /= 2, w /= 2;
-      if (h <= 0 || w <= 0)
+      const CnnSize c = cnnSize(mc, in);
+      if (c.fcIn <= 0)
         cfg.fail("model.conv_channels", std::to_string(mc.convChannels.size()) + " pooling stages shrink a " +
                                             std::to_string(in.height) + "x" + std::to_string(in.width) +
                                             " image to nothing");
-    }
-    if (mc.type == "mlp") {
+      refuseAbsurdSize(cfg, sizeKey(cfg), c.total());
+    } else {
       double params = 0.0, width = static_cast<double>(in.height * in.width * in.channels);
       for (int64_t h : mc.hidden) params += (width + 1.0) * static_cast<double>(h), width = static_cast<double>(h);
-      refuseAbsurdSize(cfg, sizeKey(cfg), params);
-    } else {
-      double params = 0.0, ch = static_cast<double>(in.channels);
-      for (int64_t c : mc.convChannels)
-        params += static_cast<double>(mc.kernel * mc.kernel) * ch * static_cast<double>(c), ch = static_cast<double>(c);
-      params += static_cast<double>(in.height * in.width) * ch * static_cast<double>(mc.fc);
       refuseAbsurdSize(cfg, sizeKey(cfg), params);
     }
     return buildImageModel(mc, in);
@@ -101,17 +113,9 @@ class ImageTask final : public Task {
   // the larger factor of the parameters (the fc layer's input, the flattened feature map, against
   // model.fc; or the k x k x in x out of the convolutions when they hold more than the fc layer).
   std::string sizeKey(const Config&) const override {
-    const ModelConfig& mc = s_.model;
-    if (mc.type != "cnn") return "model.hidden";
-    const InputSpec in = train_.spec();
-    double h = static_cast<double>(in.height), w = static_cast<double>(in.width), conv = 0.0;
-    double ch = static_cast<double>(in.channels);
-    for (int64_t c : mc.convChannels) {
-      conv += static_cast<double>(mc.kernel * mc.kernel) * ch * static_cast<double>(c);
-      ch = static_cast<double>(c), h = std::floor(h / 2), w = std::floor(w / 2);
-    }
-    const double fcIn = h * w * ch, fc = static_cast<double>(mc.fc);
-    return fcIn * fc > conv && fc > fcIn ? "model.fc" : "model.conv_channels";
+    if (s_.model.type != "cnn") return "model.hidden";
+    const CnnSize c = cnnSize(s_.model, train_.spec());
+    return c.fcIn * c.fc > c.conv && c.fc > c.fcIn ? "model.fc" : "model.conv_channels";
   }
   std::string architecture(const Model& model) const override {
     const InputSpec images = train_.spec();
@@ -171,10 +175,7 @@ class TokenTask final : public Task {
     // The test split's own vocabulary (its attribute, or max id + 1) may exceed the model's.
     test_.limitIds(s.gpt.vocab,
                    "the model's vocabulary: model.vocab_size, else the " + s.trainSplit + " split's");
-    const double C = static_cast<double>(s.gpt.channels);
-    refuseAbsurdSize(cfg, sizeKey(cfg),
-                     12.0 * C * C * static_cast<double>(s.gpt.layers) +
-                         static_cast<double>(s.gpt.paddedVocab + s.gpt.maxT) * C);
+    refuseAbsurdSize(cfg, sizeKey(cfg), s.gpt.numParamsEstimate());
     return std::make_unique<Gpt>(s.gpt);
   }
   std::string modelDetail() const override {

@@ -56,6 +56,11 @@ int64_t GptConfig::numParams() const {
   return paddedVocab * C + maxT * C + L * perBlock + 2 * C;
 }
 
+double GptConfig::numParamsEstimate() const {
+  const double C = static_cast<double>(channels), L = static_cast<double>(layers);
+  return (static_cast<double>(paddedVocab) + static_cast<double>(maxT)) * C + L * (12 * C * C + 13 * C) + 2 * C;
+}
+
 double GptConfig::flopsPerToken(int64_t T) const {
   return 6.0 * static_cast<double>(numParams()) + 6.0 * static_cast<double>(layers * channels * T);
 }

@@ -96,6 +96,9 @@ struct GptConfig {
   // 20 heads of 128) and gpt3-6.7b (32 x 4096, 32 heads of 128): GPT-3's shapes.
   static GptConfig preset(const std::string& name);
   int64_t numParams() const;
+  // numParams in double precision: finite for any sizes, so a caller can refuse sizes whose
+  // int64 counts would overflow before it asks numParams or builds the model.
+  double numParamsEstimate() const;
   // Training FLOPs per token (llm.c): 6N + 6 L C T.
   double flopsPerToken(int64_t T) const;
 };
