@@ -319,8 +319,11 @@ void RunMetrics::linger() {
   std::string runDir;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    runDir = figures_->id.runDir.empty() ? "<run_dir>" : figures_->id.runDir;
+    runDir = figures_->id.runDir;
   }
+  // finish() saved the figures only where the run had a directory (a setup failure may come first).
+  const std::string saved = runDir.empty() ? "; they were not saved (the run failed before it had a run directory)"
+                                           : "; the final figures are in " + runDir + "/metrics.prom";
   const uint64_t generation = server_->advanceGeneration();
   MT_LOG_INFO << "exit cause " << exitCauseName(cause_)
               << ": serving the final metrics until a scrape reads them"
@@ -335,13 +338,11 @@ void RunMetrics::linger() {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options_.lingerS * 1000.0));
   while (!server_->waitServed(generation, std::chrono::milliseconds(100))) {
     if (stopSignalCount() != signals) {
-      MT_LOG_INFO << "stop signal: no longer waiting for a scrape; the final figures are in " << runDir
-                  << "/metrics.prom";
+      MT_LOG_INFO << "stop signal: no longer waiting for a scrape" << saved;
       return;
     }
     if (std::chrono::steady_clock::now() >= until) {
-      MT_LOG_INFO << "no scrape within run.metrics_linger_s; the final figures are in " << runDir
-                  << "/metrics.prom";
+      MT_LOG_INFO << "no scrape within run.metrics_linger_s" << saved;
       return;
     }
   }

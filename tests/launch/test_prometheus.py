@@ -271,6 +271,21 @@ class PrometheusScrape(unittest.TestCase):
                 self.assertIn(key, p.stderr)
                 self.assertNotIn("serving Prometheus metrics", out)
 
+    def test_setup_failure_linger_names_no_missing_file(self):
+        # A run that fails before it has a run directory (a data file that does not exist) still
+        # serves its exit cause for the linger, and then says its figures were not saved: it used
+        # to point at "<run_dir>/metrics.prom", a file nobody wrote.
+        with tempfile.TemporaryDirectory() as d:
+            cmd = train_cmd(d, "nodata", free_port(), "--data.path=" + os.path.join(d, "missing.h5"),
+                            "--run.metrics_linger_s=0.5")
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            out = p.stdout + p.stderr
+            self.assertEqual(p.returncode, 2, out[-2000:])
+            self.assertIn("missing.h5", out)
+            self.assertIn("exit cause bad_input", out)
+            self.assertIn("they were not saved (the run failed before it had a run directory)", out)
+            self.assertNotIn("<run_dir>", out)
+
     def test_stop_signal_ends_the_linger(self):
         # A finished run waiting up to 600 s for a last scrape that never comes leaves within
         # seconds of a SIGTERM (a scheduler's stop is not held up by run.metrics_linger_s).
