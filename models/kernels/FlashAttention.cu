@@ -471,14 +471,19 @@ struct Variant {
   const char* name;
   L launch;
   bool sm90 = false;  // wgmma (FlashAttentionSm90*.cu): listed only where sm90KernelsUsable()
+  int64_t defaultFromT = 0;  // the default from this sequence length on, where it comes first
 };
-// The first usable entry for each (D, dtype) is the default.
+// The default for (D, dtype, T) is the first usable entry whose defaultFromT <= T.
+// The warp-specialized forward's 192-query tiles beat v8's 128 from T = 2048 (H100, 2026-12-07:
+// 1.211 against 1.311 ms at 2048; 0.421 against 0.415 at 1024; bf16 and f16 alike).
+constexpr int64_t kWsForwardFromT = 2048;
 const Variant<FwdLaunch> kFwd[] = {
+    {64, DType::kBF16, "fwd wgmma ws tma", launchForwardSm90Ws<__nv_bfloat16>, true, kWsForwardFromT},
     {64, DType::kBF16, "fwd wgmma bc64 qreg lazy tree", launchForwardSm90<64, 2, 2, 1, 7, __nv_bfloat16>, true},
-    {64, DType::kBF16, "fwd wgmma ws tma", launchForwardSm90Ws<__nv_bfloat16>, true},
     {64, DType::kBF16, "fwd wgmma bc64 qreg lazy", launchForwardSm90<64, 2, 2, 1, 3, __nv_bfloat16>, true},
     {64, DType::kBF16, "fwd wgmma1 bc64 qreg lazy tree", launchForwardSm90<64, 1, 4, 1, 7, __nv_bfloat16>, true},
     {64, DType::kBF16, "fwd wgmma bc64 (v7)", launchForwardSm90<64, 2, 2, 1, 0, __nv_bfloat16>, true},
+    {64, DType::kF16, "fwd wgmma ws tma", launchForwardSm90Ws<__half>, true, kWsForwardFromT},
     {64, DType::kF16, "fwd wgmma bc64 qreg lazy tree", launchForwardSm90<64, 2, 2, 1, 7, __half>, true},
     // Default without wgmma: fastest at T = 1024 and 2048 on the H200 (attention_bench, 2026-12-02).
     {64, DType::kBF16, "fwd w4 bc64 m2", launchForward<64, 4, 64, 2, 1, __nv_bfloat16>},
@@ -496,7 +501,8 @@ const Variant<BwdLaunch> kBwd[] = {
     {64, DType::kBF16, "bwd wgmma ws tma", launchBackwardSm90Ws<__nv_bfloat16>, true},
     {64, DType::kBF16, "bwd wgmma q128", launchBackwardSm90Q128<1, __nv_bfloat16>, true},
     {64, DType::kBF16, "bwd wgmma q128 bh-major", launchBackwardSm90Q128<0, __nv_bfloat16>, true},
-    {64, DType::kF16, "bwd wgmma q128", launchBackwardSm90Q128<1, __half>, true},  // ws: not yet run in f16
+    {64, DType::kF16, "bwd wgmma ws tma", launchBackwardSm90Ws<__half>, true},
+    {64, DType::kF16, "bwd wgmma q128", launchBackwardSm90Q128<1, __half>, true},
     {64, DType::kBF16, "bwd w8 brq64", launchBackward<64, 8, 64, true, 1, __nv_bfloat16>},
     {64, DType::kBF16, "bwd w4 brq64", launchBackward<64, 4, 64, true, 1, __nv_bfloat16>},
     {64, DType::kBF16, "bwd w4 brq32 lb3", launchBackward<64, 4, 32, true, 3, __nv_bfloat16>},
@@ -519,6 +525,21 @@ const Variant<L>* findVariant(const Variant<L> (&table)[N], int64_t D, DType t, 
   for (const auto& v : table)
     if (usable(v, D, t) && seen++ == variant) return &v;
   return nullptr;
+}
+template <typename L, size_t N>
+int defaultVariant(const Variant<L> (&table)[N], int64_t D, DType t, int64_t T) {
+  int seen = 0;
+  for (const auto& v : table) {
+    if (!usable(v, D, t)) continue;
+    if (v.defaultFromT <= T) return seen;
+    ++seen;
+  }
+  return 0;
+}
+// The entry a problem's variant names (kFlashDefaultVariant: the default for its T).
+template <typename L, size_t N>
+const Variant<L>* chooseVariant(const Variant<L> (&table)[N], const FlashProblem& p, DType t, int variant) {
+  return findVariant(table, p.D, t, variant == kFlashDefaultVariant ? defaultVariant(table, p.D, t, p.T) : variant);
 }
 template <typename L, size_t N>
 int countVariants(const Variant<L> (&table)[N], int64_t D, DType t) {
@@ -561,6 +582,9 @@ bool flashSupported(int64_t headDim, DType t) { return countVariants(kFwd, headD
 
 int flashVariantCount(int64_t headDim, DType t, bool backward) {
   return backward ? countVariants(kBwd, headDim, t) : countVariants(kFwd, headDim, t);
+}
+int flashDefaultVariant(int64_t headDim, DType t, bool backward, int64_t T) {
+  return backward ? defaultVariant(kBwd, headDim, t, T) : defaultVariant(kFwd, headDim, t, T);
 }
 const char* flashVariantName(int64_t headDim, DType t, bool backward, int variant) {
   if (backward) {
@@ -608,7 +632,7 @@ void flashAttentionForward(const FlashProblem& p, const FlashView& q, const Flas
   checkInputView(k, q.dtype, "k");
   checkInputView(v, q.dtype, "v");
   checkOutputView(o, "o");
-  const auto* var = findVariant(kFwd, p.D, q.dtype, p.fwdVariant);
+  const auto* var = chooseVariant(kFwd, p, q.dtype, p.fwdVariant);
   MT_CHECK(var, "flash attention: no forward variant ", p.fwdVariant, " for D=", p.D);
   FwdArgs a{};
   a.q = q.ptr, a.k = k.ptr, a.v = v.ptr, a.o = o.ptr, a.lse = lse;
@@ -663,7 +687,7 @@ void flashAttentionBackward(const FlashProblem& p, const FlashView& q, const Fla
   flashPrepKernel<<<prepBlocks, 256, 0, stream>>>(pa);
   CUDA_CHECK(cudaGetLastError());
 
-  const auto* var = findVariant(kBwd, p.D, in, p.bwdVariant);
+  const auto* var = chooseVariant(kBwd, p, in, p.bwdVariant);
   MT_CHECK(var, "flash attention: no backward variant ", p.bwdVariant, " for D=", p.D);
   BwdArgs a{};
   a.q = q.ptr, a.k = k.ptr, a.v = v.ptr;

@@ -33,16 +33,19 @@ struct FlashView {
 struct FlashProblem {
   int64_t B = 0, T = 0, H = 0, D = 0;
   float scale = 0.f;  // softmax scale, usually 1/sqrt(D)
-  // Tile configuration (kernel lab); 0 = the default for D. See flashVariantName.
-  int fwdVariant = 0, bwdVariant = 0;
+  // Tile configuration (kernel lab): an index of flashVariantName's list, or kFlashDefaultVariant
+  // for the default of this shape (D, dtype and T: see FlashAttention.cu's tables).
+  int fwdVariant = -1, bwdVariant = -1;
 };
+constexpr int kFlashDefaultVariant = -1;
 
 // q, k, v in bf16 or f16 and a head dim the kernels are built for.
 bool flashSupported(int64_t headDim, DType inputDType);
 // Number of tile variants usable on the current device for (D, dtype), and a short name
-// ("fwd w4 bc64", "bwd wgmma x2"); variant 0 is the default. Lab use.
+// ("fwd w4 bc64", "bwd wgmma x2"), and the index of the default at sequence length T. Lab use.
 int flashVariantCount(int64_t headDim, DType inputDType, bool backward);
 const char* flashVariantName(int64_t headDim, DType inputDType, bool backward, int variant);
+int flashDefaultVariant(int64_t headDim, DType inputDType, bool backward, int64_t T);
 // Floats of the lse buffer: [B*H][roundUp(T, 4)], written by forward, read by backward.
 int64_t flashLseElements(const FlashProblem& p);
 // Workspace backward needs (delta, dO in the input dtype when it arrives otherwise, an f32 dq

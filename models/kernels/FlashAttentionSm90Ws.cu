@@ -369,5 +369,7 @@ void launchBackwardSm90Ws(const BwdArgs& args, int B, cudaStream_t s) {
 
 template void launchForwardSm90Ws<__nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
 template void launchBackwardSm90Ws<__nv_bfloat16>(const BwdArgs&, int, cudaStream_t);
+template void launchForwardSm90Ws<__half>(const FwdArgs&, int, cudaStream_t);
+template void launchBackwardSm90Ws<__half>(const BwdArgs&, int, cudaStream_t);
 
 }  // namespace mt::cuda::flash

@@ -84,6 +84,9 @@ int mt_flash_supported(int64_t D, int dtype) { return mt::cuda::flashSupported(D
 int mt_flash_variant_count(int64_t D, int dtype, int backward) {
   return mt::cuda::flashVariantCount(D, dtypeOf(dtype), backward != 0);
 }
+int mt_flash_default_variant(int64_t D, int dtype, int backward, int64_t T) {
+  return mt::cuda::flashDefaultVariant(D, dtypeOf(dtype), backward != 0, T);
+}
 const char* mt_flash_variant_name(int64_t D, int dtype, int backward, int variant) {
   return mt::cuda::flashVariantName(D, dtypeOf(dtype), backward != 0, variant);
 }

@@ -30,6 +30,37 @@ class FlashAttention(unittest.TestCase):
         failures = lab.check(fl, all_variants=True)
         self.assertEqual(failures, [], "flash attention cases above the tolerance")
 
+    def test_default_variant_follows_the_sequence_length(self):
+        """A call without a variant runs the default of its T (the trainer's path): bitwise the output
+        of that variant named explicitly, forward and backward; on sm_90 the forward's default
+        changes between T = 1000 and 2048 (FlashAttention.cu's kWsForwardFromT)."""
+        import attention_lab as lab
+        try:
+            fl = lab.Flash(os.environ.get("MT_ATTENTION_CAPI"))
+        except FileNotFoundError as e:
+            self.skipTest(str(e))
+        names = {}
+        for T in (1000, 2048):
+            gen = torch.Generator(device="cuda").manual_seed(T)
+            q, k, v, dO32 = lab.make_inputs(2, T, 4, 64, torch.bfloat16, False, gen)
+            dO = dO32.bfloat16()
+            fv = fl.default_variant(64, torch.bfloat16, T, False)
+            bv = fl.default_variant(64, torch.bfloat16, T, True)
+            names[T] = fl.variants(64, torch.bfloat16, False)[fv]
+            outs = []
+            for fvar, bvar in ((lab.DEFAULT, lab.DEFAULT), (fv, bv)):
+                o, dq, dk, dv = (torch.full_like(q, float("nan")) for _ in range(4))
+                lse = fl.lse(q)
+                fl.forward(q, k, v, o, lse, fvar)
+                fl.backward(q, k, v, o, dO, lse, dq, dk, dv, fl.workspace(q, dO, dq), bvar)
+                torch.cuda.synchronize()
+                outs.append((o, dk, dv))
+            for a, b in zip(*outs):
+                self.assertTrue(torch.equal(a, b), "T=%d: the default differs from variant %d/%d" % (T, fv, bv))
+        print("default forward: T=1000 %s, T=2048 %s" % (names[1000], names[2048]))
+        if torch.cuda.get_device_capability() == (9, 0):
+            self.assertNotEqual(names[1000], names[2048])
+
     def test_cudnn_backend_matches_float64(self):
         """cuDNN's fused attention through our graphs (model.attention = cudnn), the same cases,
         atomic and deterministic dQ."""
