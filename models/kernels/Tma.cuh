@@ -41,13 +41,28 @@ __device__ __forceinline__ void arriveExpectTx(uint64_t* bar, uint32_t bytes) {
 __device__ __forceinline__ void arrive(uint64_t* bar) {
   MT_TMA_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smemAddr(bar)) : "memory");
 }
-// Blocks until the phase with this parity (0 or 1) has completed.
+// Blocks until the phase with this parity (0 or 1) has completed, or traps after kWaitTries
+// tries. A phase completes within microseconds unless a copy or an arrival never comes (a bug, or
+// a tensor map that does not match the data): the kernel then fails with an error that CUDA_CHECK
+// reports at the next synchronisation, in place of a GPU spinning until the job's time limit.
+// Each try suspends the thread up to a system-dependent time while the phase is pending, so
+// 2^30 tries outlast any wait that would end by itself (how long they take is what
+// tests/models/test_tma_wait.cu's ProductionBoundEnds measures; not yet run on a GPU).
+// The count lives inside the asm: a C++ loop around try_wait with a clock read made ptxas spill
+// the backward's registers (588 bytes); this form spills none.
+constexpr uint32_t kWaitTries = 1u << 30;
+template <uint32_t kTries = kWaitTries>  // fewer in tests/models/test_tma_wait.cu
 __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
   MT_TMA_ASM(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(smemAddr(bar)),
-      "r"(parity)
+      "{\n.reg .pred p;\n.reg .u32 n;\nmov.u32 n, 0;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DONE_%=;\n"
+      "add.u32 n, n, 1;\n"
+      "setp.lt.u32 p, n, %2;\n"
+      "@p bra WAIT_%=;\n"
+      "trap;\n"
+      "DONE_%=:\n}\n" ::"r"(smemAddr(bar)),
+      "r"(parity), "n"(kTries)
       : "memory");
 }
 
