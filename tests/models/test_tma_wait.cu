@@ -1,7 +1,7 @@
 // Tma.cuh's bounded mbarrier wait (sm_90a): a phase that completes lets the wait return; one that
 // never completes makes the kernel trap, so the launch fails with an error where it used to spin
 // on the GPU for ever. The trap corrupts the CUDA context, so those cases run as gtest death tests
-// (a child process each). MT_TMA_WAIT_FULL=1 also times the production bound (kWaitTries).
+// (a child process each). TMA_WAIT_FULL_BOUND=1 also times the production bound (kWaitTries).
 
 #include <gtest/gtest.h>
 
@@ -68,7 +68,7 @@ TEST_F(TmaWait, PhaseThatNeverCompletesFailsTheLaunch) {
 }
 
 TEST_F(TmaWait, ProductionBoundEnds) {
-  if (std::getenv("MT_TMA_WAIT_FULL") == nullptr) GTEST_SKIP() << "MT_TMA_WAIT_FULL=1 times kWaitTries";
+  if (std::getenv("TMA_WAIT_FULL_BOUND") == nullptr) GTEST_SKIP() << "TMA_WAIT_FULL_BOUND=1 times kWaitTries";
   EXPECT_EXIT(waitForever<tma::kWaitTries>(), ::testing::ExitedWithCode(0), "ended after");
 }
 
