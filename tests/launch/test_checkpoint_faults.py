@@ -313,14 +313,16 @@ class Saves(Base):
         self.assertEqual(len(written), len(set(written)), f"saved twice: {written}")
 
     def test_stop_during_the_final_evaluation_ends_it(self):
-        # A CNN evaluated one example per forward: about 5,000 forwards per rank, many seconds. A
-        # stop signal to one rank during it ends the pass on both (agreed) within a forward or two,
-        # not after the whole test set: no test figures, the run counted finished (its checkpoint
-        # written before the evaluation).
+        # A CNN evaluated one example per rank and forward: 2,500 forwards per rank, ~10 s on the
+        # CPU box with 96 and 192 channels (the default 32 and 64 took 2.5 s, a window a loaded CI
+        # machine once missed: the run had ended before the signal). A stop signal to one rank
+        # during it ends the pass on both (agreed) within a forward or two, not after the whole
+        # test set: no test figures, the run counted finished (its checkpoint written before the
+        # evaluation).
         rd = os.path.join(self.d, "evalstop")
         proc = subprocess.Popen(["mpirun", "-np", "2", TRAINER, "--model.type=cnn", f"--data.path={FASHION}",
                                  f"--run.dir={self.d}", "--run.name=evalstop", "--train.max_steps=1",
-                                 "--train.eval_batch_size=2"],
+                                 "--train.eval_batch_size=2", "--model.conv_channels=96,192"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = []
         for line in proc.stdout:
@@ -329,7 +331,12 @@ class Saves(Base):
                 break
         time.sleep(0.5)
         with open(os.path.join(rd, "rank1.pid")) as f:
-            os.kill(int(f.read()), signal.SIGUSR1)
+            pid = int(f.read())
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            out, _ = proc.communicate(timeout=120)
+            self.fail("rank 1 had exited before the stop signal: " + ("".join(lines) + out)[-3000:])
         t0 = time.time()
         out, _ = proc.communicate(timeout=120)
         out = "".join(lines) + out
