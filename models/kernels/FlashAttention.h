@@ -30,14 +30,16 @@ struct FlashView {
   int64_t sb = 0, st = 0, sh = 0;
 };
 
+// A variant argument naming the default for the problem's shape (D, dtype and T: see
+// FlashAttention.cu's tables) instead of an index of flashVariantName's list.
+constexpr int kFlashDefaultVariant = -1;
+
 struct FlashProblem {
   int64_t B = 0, T = 0, H = 0, D = 0;
   float scale = 0.f;  // softmax scale, usually 1/sqrt(D)
-  // Tile configuration (kernel lab): an index of flashVariantName's list, or kFlashDefaultVariant
-  // for the default of this shape (D, dtype and T: see FlashAttention.cu's tables).
-  int fwdVariant = -1, bwdVariant = -1;
+  // Tile configuration (kernel lab): an index of flashVariantName's list, or kFlashDefaultVariant.
+  int fwdVariant = kFlashDefaultVariant, bwdVariant = kFlashDefaultVariant;
 };
-constexpr int kFlashDefaultVariant = -1;
 
 // q, k, v in bf16 or f16 and a head dim the kernels are built for.
 bool flashSupported(int64_t headDim, DType inputDType);
