@@ -95,6 +95,12 @@ Fp8State::Fp8State(Fp8Format format, const Fp8Options& options, Device device)
   write(v);
 }
 
+Tensor& Fp8State::deviceScratch() {
+  if (!scratch_.defined() || scratch_.device() != values_.device())
+    scratch_ = Tensor::zeros({2}, DType::kI32, values_.device());
+  return scratch_;
+}
+
 std::vector<float> Fp8State::read() const {
   std::vector<float> v(static_cast<size_t>(values_.numel()));
   Tensor host = Tensor::fromBlob(v.data(), {values_.numel()}, DType::kF32);

@@ -169,9 +169,15 @@ class Fp8State {
   // Casts done with this state (host-side: decides the delayed recipe's first cast; checkpointed).
   int64_t casts() const { return casts_; }
   void setCasts(int64_t n) { casts_ = n; }
+  // Two zeroed 32-bit words on values()'s device (made at the first call) for the CUDA cast that
+  // updates the state in its own kernel (core/cuda/Fp8.cu): the amax being reduced and a count of
+  // the blocks done. Every such cast leaves them zero. Not part of the state: not in values(), not
+  // saved.
+  Tensor& deviceScratch();
 
  private:
   int64_t casts_ = 0;
+  Tensor scratch_;
   Fp8Format format_ = Fp8Format::kE4M3;
   Fp8Options options_;
   Tensor values_;

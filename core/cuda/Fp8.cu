@@ -5,9 +5,15 @@
 // The cast runs as castKernelVec (16-byte loads, 8-byte stores of q, the transposed copy in whole
 // sectors) where the shape allows it, which is every GPT GEMM operand; castKernel (one element
 // per thread) elsewhere. Same codes.
-// One quantization (Fp8State layout [scale, scaleInv, amax, h_0..h_{L-1}]):
+// One quantization (Fp8State layout [scaleInv, scale, amax, h_0..h_{L-1}]):
 //   current:        amax pass -> scale kernel (scaleFrom(amax)) -> cast pass -> history push
-//   delayed:        scale kernel (scaleFrom(max h)) -> cast pass, amax fused -> history push
+//   delayed:        one cast kernel (L <= 32): every block takes scaleFrom(max h) from the history
+//                   (one warp's lanes read it), reduces its amax into Fp8State::deviceScratch and
+//                   counts itself done there; the last block to count writes scale, scaleInv and
+//                   amax, pushes the history and zeroes the scratch. The other blocks read the
+//                   state only before they count, so nothing reads what the last one writes.
+//                   (L > 32: scale kernel -> cast pass, amax fused -> history push.) The two
+//                   one-thread kernels this saves cost ~2-3 us each per cast, ~100 casts a step.
 //   delayed, first: as current (no history yet; the host counts casts, Fp8State::casts).
 // The cast is CUDA's __nv_cvt_float_to_fp8(x * scale, __NV_SATFINITE, f) (cvt.rn.satfinite on
 // sm_89+); the product x * scale is one IEEE f32 multiply, as on the CPU, and the scale math is
@@ -66,6 +72,58 @@ __device__ inline void blockAmaxAtomic(float v, float* amax) {
   if ((threadIdx.x % 32) == 0) atomicMax(&sh, b);
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) amaxAtomic(amax, __uint_as_float(sh));
+}
+
+// Where a cast kernel takes its scale and puts its amax (the top comment's sequences).
+struct CastScaling {
+  float* state = nullptr;      // Fp8State::values()
+  Fp8Format f = Fp8Format::kE4M3;
+  bool withAmax = false;       // the amax into state[kAmax] (delayed, L > 32)
+  unsigned* fused = nullptr;   // delayed, L <= 32: Fp8State::deviceScratch (amax bits, blocks done)
+  int L = 0, margin = 0;       // fused: the history length and margin of the scale
+};
+constexpr int kFusedMaxHistory = 32;
+
+// fp8HistoryMax(h, L) for L <= 32 in every warp: lane i holds h_i (or 0), then a butterfly max in
+// which a NaN wins, as it does on the CPU. Values that cannot win there (<= 0) start as 0.
+__device__ inline float historyMaxWarp(const float* h, int L) {
+  const int lane = static_cast<int>((threadIdx.y * blockDim.x + threadIdx.x) % 32);
+  float m = 0.f;
+  if (lane < L && !(h[lane] <= 0.f)) m = h[lane];
+  for (int o = 16; o > 0; o >>= 1) {
+    const float b = __shfl_xor_sync(0xffffffffu, m, o);
+    m = m != m ? m : (b != b ? b : fmaxf(m, b));
+  }
+  return m;
+}
+
+// The scale a cast multiplies by: the state's, or (fused) scaleFrom of the history's max.
+__device__ inline float castScale(const CastScaling& cs) {
+  if (!cs.fused) return cs.state[Fp8State::kScale];
+  const float h = historyMaxWarp(cs.state + Fp8State::kHistory, cs.L);
+  return fp8ScaleFrom(h, cs.state[Fp8State::kScale], cs.f, cs.margin);
+}
+
+// The block's amax m (all threads call this, after every read of the state): into the state, or
+// (fused) into the scratch, the last block then finishing the state as pushKernel and scaleKernel
+// would. Its fences order the other blocks' amax atomics before its read of the scratch.
+__device__ inline void castAmax(const CastScaling& cs, float m, float scale) {
+  if (cs.withAmax) blockAmaxAtomic(m, cs.state + Fp8State::kAmax);
+  if (!cs.fused) return;
+  blockAmaxAtomic(m, reinterpret_cast<float*>(cs.fused));
+  if (threadIdx.x != 0 || threadIdx.y != 0) return;
+  __threadfence();
+  if (atomicAdd(cs.fused + 1, 1u) != gridDim.x * gridDim.y - 1) return;
+  __threadfence();
+  const float amax = __uint_as_float(atomicExch(cs.fused, 0u));
+  atomicExch(cs.fused + 1, 0u);
+  float* v = cs.state;
+  for (int i = cs.L - 1; i > 0; --i)
+    v[Fp8State::kHistory + i] = v[Fp8State::kHistory + i - 1];
+  v[Fp8State::kHistory] = amax;
+  v[Fp8State::kAmax] = amax;
+  v[Fp8State::kScale] = scale;
+  v[Fp8State::kScaleInv] = 1.f / scale;
 }
 
 // Eight consecutive elements (16-byte aligned) as floats.
@@ -132,16 +190,16 @@ __global__ void amaxKernel(Load ld, int64_t n, float* state) {
   blockAmaxAtomic(m, state + Fp8State::kAmax);
 }
 
-// x viewed as [R, C]: q[r, c] and (when qt) qt[c, r] = fp8(x[r, c] * scale); amax of x fused when
-// withAmax (the delayed recipe: the scale came from the history, the amax is this tensor's).
+// x viewed as [R, C]: q[r, c] and (when qt) qt[c, r] = fp8(x[r, c] * scale); the scale and the
+// amax of x as cs says (the delayed recipe: the scale from the history, the amax this tensor's).
 // colPart (optional, f32 [gridDim.y, C]): the tile's column sums of x, unquantized, summed over
 // the grid's rows afterwards in a fixed order (colSumKernel).
 template <typename Load>
-__global__ void castKernel(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
-                           bool withAmax, float* colPart) {
+__global__ void castKernel(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, CastScaling cs, float* colPart) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   __shared__ float part[kRowsPerPass][kTile];
-  const float scale = state[Fp8State::kScale];
+  const float scale = castScale(cs);
+  const Fp8Format f = cs.f;
   const int64_t c = blockIdx.x * static_cast<int64_t>(kTile) + threadIdx.x;
   const int64_t r0 = blockIdx.y * static_cast<int64_t>(kTile);
   float m = 0.f, sum = 0.f;
@@ -156,7 +214,7 @@ __global__ void castKernel(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t 
       tile[j][threadIdx.x] = code;
     }
   }
-  if (withAmax) blockAmaxAtomic(m, state + Fp8State::kAmax);
+  castAmax(cs, m, scale);
   if (colPart) {
     part[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
@@ -201,11 +259,11 @@ __device__ inline uint16_t castPair(float a, float b, Fp8Format f) {
 // eight warps' sums through shared memory in warp order.
 template <typename Load>
 __global__ void __launch_bounds__(kVecThreads)
-    castKernelVec(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
-                  bool withAmax, float* colPart) {
+    castKernelVec(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, CastScaling cs, float* colPart) {
   __shared__ __align__(16) uint8_t tile[kVecTile * kVecTile];
   __shared__ float part[kVecThreads / 32][kVecTile];
-  const float scale = state[Fp8State::kScale];
+  const float scale = castScale(cs);
+  const Fp8Format f = cs.f;
   const int64_t c0 = blockIdx.x * static_cast<int64_t>(kVecTile), r0 = blockIdx.y * static_cast<int64_t>(kVecTile);
   const int t = threadIdx.x, ck = t % 8, cl = ck * 8;
   float m = 0.f, sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -231,7 +289,7 @@ __global__ void __launch_bounds__(kVecThreads)
       *reinterpret_cast<uint2*>(&tile[rl * kVecTile + ((ck ^ (rl / 16)) * 8)]) = packed;
     }
   }
-  if (withAmax) blockAmaxAtomic(m, state + Fp8State::kAmax);
+  castAmax(cs, m, scale);
   if (colPart) {
     for (int i = 0; i < 8; ++i) {
       sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 8);
@@ -287,11 +345,11 @@ bool aligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
-// One cast of what ld reads, [R, C], with the state's current scale (the vectorized kernel where it
-// applies); colSum (optional, f32 [C]) its column sums.
+// One cast of what ld reads, [R, C], scaled as cs says (the vectorized kernel where it applies);
+// colSum (optional, f32 [C]) its column sums.
 template <typename Load>
-void launchCast(const Load& ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, float* state, Fp8Format f,
-                bool withAmax, Tensor* colSum, cudaStream_t s) {
+void launchCast(const Load& ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, const CastScaling& cs,
+                Tensor* colSum, cudaStream_t s) {
   const bool vec = C % 8 == 0 && ld.aligned16() && aligned(q, 8) && (!qt || (R % 16 == 0 && aligned(qt, 16)));
   const int tile = vec ? kVecTile : kTile;
   MT_CHECK((C + tile - 1) / tile < (1ll << 31) && (R + tile - 1) / tile <= 65535, "fp8 cast of [", R, ", ", C,
@@ -301,9 +359,9 @@ void launchCast(const Load& ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t C, f
   if (colSum) colPart = Tensor::empty({static_cast<int64_t>(grid.y), C}, DType::kF32, colSum->device());
   float* part = colSum ? colPart.data<float>() : nullptr;
   if (vec)
-    castKernelVec<<<grid, kVecThreads, 0, s>>>(ld, q, qt, R, C, state, f, withAmax, part);
+    castKernelVec<<<grid, kVecThreads, 0, s>>>(ld, q, qt, R, C, cs, part);
   else
-    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(ld, q, qt, R, C, state, f, withAmax, part);
+    castKernel<<<grid, dim3(kTile, kRowsPerPass), 0, s>>>(ld, q, qt, R, C, cs, part);
   checkLaunch();
   if (colSum) {
     colSumKernel<<<gridFor1d(C), 256, 0, s>>>(part, grid.y, C, colSum->data<float>());
@@ -352,13 +410,27 @@ void quantizeWith(const Load& ld, Tensor& q, int64_t R, int64_t C, Fp8State& st,
   const Fp8Options& o = st.options();
   const bool delayed = o.recipe == Fp8Recipe::kDelayed && st.casts() > 0;
   cudaStream_t s = currentStream();
+  uint8_t* qp = q.data<uint8_t>();
+  uint8_t* qtp = qt ? qt->data<uint8_t>() : nullptr;
+  CastScaling cs;
+  cs.state = v;
+  cs.f = st.format();
+  if (delayed && o.historyLength <= kFusedMaxHistory) {
+    cs.fused = reinterpret_cast<unsigned*>(st.deviceScratch().data<int32_t>());
+    cs.L = o.historyLength;
+    cs.margin = o.margin;
+    launchCast(ld, qp, qtp, R, C, cs, colSum, s);
+    st.setCasts(st.casts() + 1);
+    return;
+  }
   if (!delayed) {
     CUDA_CHECK(cudaMemsetAsync(v + Fp8State::kAmax, 0, sizeof(float), s));
     launchAmax(ld, R * C, v, s);
   }
   scaleKernel<<<1, 1, 0, s>>>(v, o.historyLength, st.format(), o.margin, delayed);
   checkLaunch();
-  launchCast(ld, q.data<uint8_t>(), qt ? qt->data<uint8_t>() : nullptr, R, C, v, st.format(), delayed, colSum, s);
+  cs.withAmax = delayed;
+  launchCast(ld, qp, qtp, R, C, cs, colSum, s);
   pushKernel<<<1, 1, 0, s>>>(v, o.historyLength);
   checkLaunch();
   st.setCasts(st.casts() + 1);
@@ -419,9 +491,10 @@ void fp8QuantizeReplayOnDevice(Tensor& q, const Fp8CastInput& in, const Fp8State
   const int64_t C = colsOf(*in.x), R = in.x->numel() / C;
   uint8_t* qt = transposed ? transposed->data<uint8_t>() : nullptr;
   float* v = st.values().data<float>();
-  withLoad(in, [&](const auto& ld) {
-    launchCast(ld, q.data<uint8_t>(), qt, R, C, v, st.format(), false, in.colSum, currentStream());
-  });
+  CastScaling cs;
+  cs.state = v;
+  cs.f = st.format();
+  withLoad(in, [&](const auto& ld) { launchCast(ld, q.data<uint8_t>(), qt, R, C, cs, in.colSum, currentStream()); });
 }
 
 void fp8DequantizeOnDevice(Tensor& x, const Tensor& q, const Fp8State& st) {
