@@ -54,6 +54,11 @@ const std::vector<EnvParamInfo>& envParamTable() {
        "LayerNorm on the GPU: 1 = warp-per-row kernels with the row in registers (C a multiple of 8, at most "
        "2048); 0 = the generic kernels for every shape (same math, for A/B timing)",
        0, 1},
+      {EnvParam::kFp8LayerNorm, "MT_FP8_LN", "1",
+       "the GPT blocks' LayerNorms with train.precision = fp8 on the GPU (delayed scaling, history <= 32): 1 = the "
+       "LayerNorm kernel casts its output to the next GEMM's FP8 codes and their transpose itself (its bf16 output "
+       "is never written); 0 = the LayerNorm kernel, then the cast kernel (the same codes, for A/B timing)",
+       0, 1},
       {EnvParam::kConvAlgo, "MT_CONV_ALGO", "0",
        "cuDNN convolution algorithms, chosen once per geometry and precision: 0 = cuDNN's heuristic order "
        "(fastest for fashion_cnn on the H200); 1 = measured by cudnnFind among deterministic algorithms "

@@ -35,6 +35,7 @@
 #include "core/GeluMath.h"
 #include "core/cuda/CudaGemm.h"
 #include "core/cuda/ElementConvert.cuh"
+#include "core/cuda/Fp8Cast.cuh"
 #include "core/cuda/KernelUtil.cuh"
 
 namespace mt::cuda {
@@ -43,87 +44,8 @@ namespace {
 
 constexpr int kTile = 32, kRowsPerPass = 8;  // a 32 x 32 tile per block of 32 x 8 threads
 
-__device__ inline __nv_fp8_interpretation_t interpretation(Fp8Format f) {
-  return f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-}
-
 __device__ inline uint8_t castIntrinsic(float v, Fp8Format f) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, interpretation(f)));
-}
-
-// max(m, |v|) on the float bits (both non-negative, so they order as unsigned integers; a NaN's
-// bits exceed infinity's and win, as in amaxAtomic and on the CPU).
-__device__ inline float absMaxBits(float m, float v) {
-  return __uint_as_float(max(__float_as_uint(m), __float_as_uint(fabsf(v))));
-}
-
-__device__ inline void amaxAtomic(float* amax, float blockAmax) {
-  atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(blockAmax));
-}
-
-// Block-wide max of non-negative values (NaN bits win as in amaxAtomic), then one atomic per block.
-__device__ inline void blockAmaxAtomic(float v, float* amax) {
-  __shared__ unsigned int sh;
-  if (threadIdx.x == 0 && threadIdx.y == 0) sh = 0;
-  __syncthreads();
-  unsigned int b = __float_as_uint(v);
-  for (int o = 16; o > 0; o >>= 1)
-    b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
-  if ((threadIdx.x % 32) == 0) atomicMax(&sh, b);
-  __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) amaxAtomic(amax, __uint_as_float(sh));
-}
-
-// Where a cast kernel takes its scale and puts its amax (the top comment's sequences).
-struct CastScaling {
-  float* state = nullptr;      // Fp8State::values()
-  Fp8Format f = Fp8Format::kE4M3;
-  bool withAmax = false;       // the amax into state[kAmax] (delayed, L > 32)
-  unsigned* fused = nullptr;   // delayed, L <= 32: Fp8State::deviceScratch (amax bits, blocks done)
-  int L = 0, margin = 0;       // fused: the history length and margin of the scale
-};
-constexpr int kFusedMaxHistory = 32;
-
-// fp8HistoryMax(h, L) for L <= 32 in every warp: lane i holds h_i (or 0), then a butterfly max in
-// which a NaN wins, as it does on the CPU. Values that cannot win there (<= 0) start as 0.
-__device__ inline float historyMaxWarp(const float* h, int L) {
-  const int lane = static_cast<int>((threadIdx.y * blockDim.x + threadIdx.x) % 32);
-  float m = 0.f;
-  if (lane < L && !(h[lane] <= 0.f)) m = h[lane];
-  for (int o = 16; o > 0; o >>= 1) {
-    const float b = __shfl_xor_sync(0xffffffffu, m, o);
-    m = m != m ? m : (b != b ? b : fmaxf(m, b));
-  }
-  return m;
-}
-
-// The scale a cast multiplies by: the state's, or (fused) scaleFrom of the history's max.
-__device__ inline float castScale(const CastScaling& cs) {
-  if (!cs.fused) return cs.state[Fp8State::kScale];
-  const float h = historyMaxWarp(cs.state + Fp8State::kHistory, cs.L);
-  return fp8ScaleFrom(h, cs.state[Fp8State::kScale], cs.f, cs.margin);
-}
-
-// The block's amax m (all threads call this, after every read of the state): into the state, or
-// (fused) into the scratch, the last block then finishing the state as pushKernel and scaleKernel
-// would. Its fences order the other blocks' amax atomics before its read of the scratch.
-__device__ inline void castAmax(const CastScaling& cs, float m, float scale) {
-  if (cs.withAmax) blockAmaxAtomic(m, cs.state + Fp8State::kAmax);
-  if (!cs.fused) return;
-  blockAmaxAtomic(m, reinterpret_cast<float*>(cs.fused));
-  if (threadIdx.x != 0 || threadIdx.y != 0) return;
-  __threadfence();
-  if (atomicAdd(cs.fused + 1, 1u) != gridDim.x * gridDim.y - 1) return;
-  __threadfence();
-  const float amax = __uint_as_float(atomicExch(cs.fused, 0u));
-  atomicExch(cs.fused + 1, 0u);
-  float* v = cs.state;
-  for (int i = cs.L - 1; i > 0; --i)
-    v[Fp8State::kHistory + i] = v[Fp8State::kHistory + i - 1];
-  v[Fp8State::kHistory] = amax;
-  v[Fp8State::kAmax] = amax;
-  v[Fp8State::kScale] = scale;
-  v[Fp8State::kScaleInv] = 1.f / scale;
 }
 
 // Eight consecutive elements (16-byte aligned) as floats.
@@ -235,12 +157,6 @@ __global__ void castKernel(Load ld, uint8_t* q, uint8_t* qt, int64_t R, int64_t 
 }
 
 constexpr int kVecTile = 64, kVecThreads = 256;
-
-// Two codes from one convert (cvt.rn.satfinite.e4m3x2 / e5m2x2 on sm_89+; the same rounding per
-// element as castIntrinsic), a in the low byte.
-__device__ inline uint16_t castPair(float a, float b, Fp8Format f) {
-  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, interpretation(f)));
-}
 
 // castKernel for the shapes every GPT GEMM has (C a multiple of 8; R a multiple of 16 when the
 // transpose is written; aligned buffers): the same codes and amax, with 16-byte loads, 8-byte
@@ -413,16 +329,13 @@ void quantizeWith(const Load& ld, Tensor& q, int64_t R, int64_t C, Fp8State& st,
   uint8_t* qp = q.data<uint8_t>();
   uint8_t* qtp = qt ? qt->data<uint8_t>() : nullptr;
   CastScaling cs;
-  cs.state = v;
-  cs.f = st.format();
-  if (delayed && o.historyLength <= kFusedMaxHistory) {
-    cs.fused = reinterpret_cast<unsigned*>(st.deviceScratch().data<int32_t>());
-    cs.L = o.historyLength;
-    cs.margin = o.margin;
+  if (producerScaling(st, false, &cs)) {  // delayed, in one kernel
     launchCast(ld, qp, qtp, R, C, cs, colSum, s);
     st.setCasts(st.casts() + 1);
     return;
   }
+  cs.state = v;
+  cs.f = st.format();
   if (!delayed) {
     CUDA_CHECK(cudaMemsetAsync(v + Fp8State::kAmax, 0, sizeof(float), s));
     launchAmax(ld, R * C, v, s);
@@ -477,6 +390,19 @@ cudaDataType_t fp8Type(Fp8Format f) {
 }
 
 }  // namespace
+
+bool producerScaling(Fp8State& st, bool replay, CastScaling* cs) {
+  const Fp8Options& o = st.options();
+  *cs = CastScaling{};
+  cs->state = st.values().data<float>();
+  cs->f = st.format();
+  if (replay) return true;
+  if (o.recipe != Fp8Recipe::kDelayed || st.casts() == 0 || o.historyLength > kFusedMaxHistory) return false;
+  cs->fused = reinterpret_cast<unsigned*>(st.deviceScratch().data<int32_t>());
+  cs->L = o.historyLength;
+  cs->margin = o.margin;
+  return true;
+}
 
 void fp8QuantizeOnDevice(Tensor& q, const Fp8CastInput& in, Fp8State& st, Tensor* transposed) {
   checkStateDevice(st, *in.x);

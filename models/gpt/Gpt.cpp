@@ -138,17 +138,16 @@ void Gpt::hookAfter(int unit, bool backward) {
 Tensor Gpt::blockForward(Block& b, const Tensor& x, Context& ctx, Tensor* qkvOut, Tensor* x1Out,
                          bool pointwise) {
   const int64_t B = x.dim(0), T = x.dim(1), C = cfg_.channels;
-  Tensor h1 = b.ln1->forward(x, ctx);
-  Tensor qkv = b.qkv->forward(h1, ctx);
-  if (pointwise) b.qkv->releaseInput();  // h1 (and its cast) dies here: backward makes it again
+  // ln_1 -> qkv and ln_2 -> fc: in FP8 the LayerNorm kernels write the GEMMs' input codes themselves.
+  Tensor qkv = b.qkv->forwardFromLayerNorm(*b.ln1, x, ctx);
+  if (pointwise) b.qkv->releaseInput();  // h1 (or its codes) dies here: backward makes it again
   Tensor y = Tensor::empty({B, T, C}, matmulDType(x.device()), x.device());
   attentionForward(y, qkv, cfg_.heads, ctx.training ? &b.att : nullptr, cfg_.attention);
   Tensor x1 = b.proj->forwardAdd(y, x, ctx);  // residual added by the GEMM
-  Tensor h2 = b.ln2->forward(x1, ctx);
   Tensor pre;  // fc's output before the GELU, for backward
   Tensor g;    // GELU(pre), unless fcProj's FP8 cast applies the GELU to pre itself
-  if (geluInCasts(b, B * T, x.device())) pre = b.fc->forward(h2, ctx);
-  else g = b.fc->forwardGelu(h2, ctx, &pre);
+  if (geluInCasts(b, B * T, x.device())) pre = b.fc->forwardFromLayerNorm(*b.ln2, x1, ctx);
+  else g = b.fc->forwardGelu(b.ln2->forward(x1, ctx), ctx, &pre);
   if (pointwise) b.fc->releaseInput();  // h2 dies here: backward makes it again
   if (ctx.training) b.pre = pre;
   if (qkvOut) *qkvOut = qkv;
@@ -200,24 +199,23 @@ void Gpt::recompute(Block& b, Context& ctx) {
     // The block's forward up to fcProj's input: fcProj's GEMM makes the next block's input, which
     // backward does not read, so it does not run again (its input is restored, as in selective).
     b.input = Tensor();
-    Tensor qkv = b.qkv->forward(b.ln1->forward(x, ctx), ctx);
+    Tensor qkv = b.qkv->forwardFromLayerNorm(*b.ln1, x, ctx);
     attentionForward(y, qkv, cfg_.heads, &b.att, cfg_.attention);
     x1 = b.proj->forwardAdd(y, x, ctx);
   } else {
     const Tensor qkv = b.qkvOut;
     x1 = b.x1;
     b.input = b.qkvOut = b.x1 = Tensor();
-    b.qkv->restoreInput(b.ln1->forward(x, ctx), ctx);
+    b.qkv->restoreInputFromLayerNorm(*b.ln1, &x, ctx);
     attentionForward(y, qkv, cfg_.heads, &b.att, cfg_.attention);
     b.proj->restoreInput(y, ctx);
   }
-  Tensor h2 = b.ln2->forward(x1, ctx);
   if (geluInCasts(b, x.dim(0) * x.dim(1), x.device())) {
-    b.pre = b.fc->forward(h2, ctx);
+    b.pre = b.fc->forwardFromLayerNorm(*b.ln2, x1, ctx);
     b.fcProj->restoreInputGelu(b.pre, ctx);
     return;
   }
-  Tensor g = b.fc->forwardGelu(h2, ctx, &b.pre);
+  Tensor g = b.fc->forwardGelu(b.ln2->forward(x1, ctx), ctx, &b.pre);
   b.fcProj->restoreInput(g, ctx);
 }
 
@@ -395,7 +393,7 @@ void Gpt::backward(Context& ctx) {
     Tensor dh2;
     if (inCasts) {  // the gradient at the GELU's output; fc's cast makes the one at its input
       Tensor dg = b.fcProj->backward(dxLow, ctx);
-      if (pointwise) b.fc->restoreInput(b.ln2->recomputeOutput(), ctx);
+      if (pointwise) b.fc->restoreInputFromLayerNorm(*b.ln2, nullptr, ctx);
       dh2 = b.fc->backwardThroughGelu(dg, b.pre, ctx);
       b.pre = Tensor();
     } else {
@@ -413,7 +411,7 @@ void Gpt::backward(Context& ctx) {
     Tensor dqkv = Tensor::empty({B_, T_, 3 * C}, act, dev);
     attentionBackward(dqkv, dy, b.att, cfg_.heads);
     b.att.clear();
-    if (pointwise) b.qkv->restoreInput(b.ln1->recomputeOutput(), ctx);
+    if (pointwise) b.qkv->restoreInputFromLayerNorm(*b.ln1, nullptr, ctx);
     Tensor dh1 = b.qkv->backward(dqkv, ctx);
     dx = b.ln1->backwardBoth(dh1, &dx1, ctx, &dxLow);
     if (hooks_) {

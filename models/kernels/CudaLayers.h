@@ -34,6 +34,9 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
                       float eps);
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                        const Tensor& mean, const Tensor& rstd, const Tensor* residual, Tensor* dxLow);
+// layerNormForward's y (of dtype yType), not written: cast to FP8 codes by the same kernel (models/layers/LayerNorm.h).
+bool layerNormForwardFp8(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* mean, Tensor* rstd, float eps,
+                         DType yType, const LayerNormFp8Out& out);
 LossStats softmaxCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits, float scale,
                               int64_t validForMean, int64_t validClasses, LossSink* sink);
 void attentionForward(Tensor& y, const Tensor& qkv, int64_t heads, AttentionSaved* saved,

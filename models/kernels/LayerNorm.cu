@@ -18,6 +18,7 @@
 
 #include "core/EnvParams.h"
 #include "core/cuda/ElementConvert.cuh"
+#include "core/cuda/Fp8Cast.cuh"
 #include "models/kernels/CudaLayers.h"
 #include "core/cuda/KernelUtil.cuh"
 
@@ -198,6 +199,111 @@ __global__ void __launch_bounds__(kVecWarps * 32) lnFwdVec(const float* x, const
   }
 }
 
+// lnFwdVec whose output goes only to an FP8 GEMM (the GPT blocks' ln_1 -> qkv, ln_2 -> fc): each
+// row made as lnFwdVec makes it (the same operations, rounded to Tout as y would be), then cast
+// with cs's scale (core/cuda/Fp8Cast.cuh) into q[r, :] and, through a byte tile of the block's 32
+// rows in shared memory, into the transposed codes qt[:, r] the weight-gradient GEMM reads; the
+// amax is that of the rounded values. So the codes, scale and amax are bit for bit lnFwdVec's y
+// cast by castKernelVec, without y written and read again (2 + 2 bytes an element of 10) and
+// without y in memory. A block: 8 warps, 32 rows (4 a warp). Transposed write: lanes 2j and 2j+1
+// take the same 4 columns, rows 0-15 and 16-31, so each 16-byte store instruction fills whole
+// 32-byte sectors of qt; rows 16-31 of the tile start 64 bytes further, so those two lanes' reads
+// (16 rows apart, 16 C bytes: the same bank) fall in different banks.
+constexpr int kFp8LnRows = 32, kFp8LnShift = 64;
+__host__ __device__ constexpr int64_t fp8LnTileBytes(int64_t C) { return kFp8LnRows * C + kFp8LnShift; }
+__device__ __forceinline__ int64_t fp8LnTileRow(int j, int64_t C) { return j * C + (j >= 16 ? kFp8LnShift : 0); }
+
+// The four columns of four rows' 32-bit words (a byte a column), as four words of four rows each.
+__device__ __forceinline__ void transpose4x4(const uint32_t (&r)[4], uint32_t (&c)[4]) {
+  const uint32_t lo01 = __byte_perm(r[0], r[1], 0x5140), lo23 = __byte_perm(r[2], r[3], 0x5140);
+  const uint32_t hi01 = __byte_perm(r[0], r[1], 0x7362), hi23 = __byte_perm(r[2], r[3], 0x7362);
+  c[0] = __byte_perm(lo01, lo23, 0x5410);
+  c[1] = __byte_perm(lo01, lo23, 0x7632);
+  c[2] = __byte_perm(hi01, hi23, 0x5410);
+  c[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
+template <int NV, typename Tout>
+__global__ void __launch_bounds__(kVecWarps * 32)
+    lnFwdFp8(const float* x, const float* w, const float* b, uint8_t* q, uint8_t* qt, float* mean, float* rstd,
+             int64_t R, int64_t C, float eps, CastScaling cs) {
+  extern __shared__ __align__(16) uint8_t tile[];  // fp8LnTileBytes(C)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C8 = static_cast<int>(C / 8);
+  const float scale = castScale(cs);
+  const int64_t r0 = blockIdx.x * static_cast<int64_t>(kFp8LnRows);  // R % 32 == 0: all 32 rows exist
+  float amax = 0.f;
+  for (int j = warp; j < kFp8LnRows; j += kVecWarps) {
+    const int64_t row = r0 + j;
+    const float* xr = x + row * C;
+    float v[NV][8];
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {  // from here to rs: lnFwdVec's operations
+      const int c8 = lane + 32 * k;
+      if (c8 < C8) load8(xr + 8 * c8, v[k]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (c8 >= C8) v[k][i] = 0.f;
+        s += v[k][i];
+      }
+    }
+    const float m = warpSum(s) / static_cast<float>(C);
+    float qs = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+      if (lane + 32 * k < C8)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) qs += (v[k][i] - m) * (v[k][i] - m);
+    const float rs = rsqrtf(warpSum(qs) / static_cast<float>(C) + eps);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c8 = lane + 32 * k;
+      if (c8 >= C8) continue;
+      float wv[8], bv[8], o[8];
+      load8(w + 8 * c8, wv);
+      load8(b + 8 * c8, bv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float y = toF32(fromF32<Tout>((v[k][i] - m) * rs * wv[i] + bv[i]));  // y as lnFwdVec stores it
+        amax = absMaxBits(amax, y);
+        o[i] = y * scale;
+      }
+      uint32_t packed[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        packed[h] = castPair(o[4 * h], o[4 * h + 1], cs.f) |
+                    (static_cast<uint32_t>(castPair(o[4 * h + 2], o[4 * h + 3], cs.f)) << 16);
+      const uint2 p = make_uint2(packed[0], packed[1]);
+      *reinterpret_cast<uint2*>(q + row * C + 8 * c8) = p;
+      *reinterpret_cast<uint2*>(tile + fp8LnTileRow(j, C) + 8 * c8) = p;
+    }
+    if (lane == 0) {
+      if (mean) mean[row] = m;
+      if (rstd) rstd[row] = rs;
+    }
+  }
+  castAmax(cs, amax, scale);  // every thread; its barriers also order the tile's writes before the reads
+  __syncthreads();
+  const int half = threadIdx.x % 2;
+  for (int64_t c4 = threadIdx.x / 2; c4 < C / 4; c4 += blockDim.x / 2) {
+    uint32_t out[4][4];  // out[k][g]: column 4 c4 + k, rows 16 half + 4 g ..+4
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      uint32_t rw[4], cw[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        rw[i] = *reinterpret_cast<const uint32_t*>(tile + fp8LnTileRow(16 * half + 4 * g + i, C) + 4 * c4);
+      transpose4x4(rw, cw);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) out[k][g] = cw[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      *reinterpret_cast<uint4*>(qt + (4 * c4 + k) * R + r0 + 16 * half) =
+          make_uint4(out[k][0], out[k][1], out[k][2], out[k][3]);
+  }
+}
+
 // Rows a warp walks in the vectorised backward: 32, or fewer (down to 4) so that the grid has at
 // least 256 blocks (d48's 16 x 1024 rows made 64 blocks of 32 rows a warp: half the SMs idle). The
 // grid is sized from R alone, not from the device, so the summation order is the same on every GPU.
@@ -335,6 +441,38 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
                                                            rstd ? rstd->data<float>() : nullptr, R, C, eps);
   });
   checkLaunch();
+}
+
+bool layerNormForwardFp8(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* mean, Tensor* rstd, float eps,
+                        DType yType, const LayerNormFp8Out& out) {
+  static const bool enabled = envInt(EnvParam::kFp8LayerNorm) == 1;
+  const int64_t C = x.dim(-1), R = x.numel() / C;
+  Tensor& q = *out.q;
+  Tensor& qt = *out.qt;
+  if (!enabled || R == 0 || R % kFp8LnRows != 0 || R / kFp8LnRows >= (int64_t{1} << 31) ||
+      (yType != DType::kF32 && yType != DType::kBF16 && yType != DType::kF16) ||
+      !useVec(C, {x.rawData(), w.rawData(), b.rawData(), q.rawData(), qt.rawData()}))
+    return false;
+  MT_CHECK(x.dtype() == DType::kF32 && x.isContiguous() && q.dtype() == DType::kU8 && q.numel() == x.numel() &&
+               qt.dtype() == DType::kU8 && qt.numel() == x.numel(),
+           "layernorm into fp8 codes: x ", x.str(), ", q ", q.str(), ", qt ", qt.str());
+  CastScaling cs;
+  if (!producerScaling(*out.st, out.replay, &cs)) return false;
+  const size_t smem = static_cast<size_t>(fp8LnTileBytes(C));
+  dispatchFloat(yType, [&](auto tout) {
+    using Tout = decltype(tout);
+    dispatchVec(C, [&](auto nv) {
+      auto* kernel = lnFwdFp8<decltype(nv)::value, Tout>;
+      if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      kernel<<<static_cast<unsigned>(R / kFp8LnRows), kVecWarps * 32, smem, currentStream()>>>(
+          x.data<float>(), w.data<float>(), b.data<float>(), q.data<uint8_t>(), qt.data<uint8_t>(),
+          mean ? mean->data<float>() : nullptr, rstd ? rstd->data<float>() : nullptr, R, C, eps, cs);
+    });
+  });
+  checkLaunch();
+  if (!out.replay) out.st->setCasts(out.st->casts() + 1);
+  return true;
 }
 
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,

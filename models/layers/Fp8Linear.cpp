@@ -123,9 +123,15 @@ void Fp8Linear::forwardFrom(Tensor& y, const Fp8CastInput& xin, const Tensor& w,
   Tensor qx, qw;
   std::optional<Fp8State> scratch[2];
   const auto [sx, sw] = castOperands(qx, qw, xin, w, mode, scratch);
+  gemmForward(y, qx, *sx, qw, *sw, b, residual);
+}
+
+void Fp8Linear::gemmForward(Tensor& y, const Tensor& qx, const Fp8State& sx, const Tensor& qw, const Fp8State& sw,
+                            const Tensor* b, const Tensor* residual) {
+  const int64_t N = qx.dim(0), I = qx.dim(1), O = qw.dim(0);
   Tensor y2 = y.view({N, O});
   Tensor r2;
-  Fp8GemmArgs g = gemmArgs(N, O, w.dim(1), qx, Fp8Format::kE4M3, *sx, qw, Fp8Format::kE4M3, *sw, y2);
+  Fp8GemmArgs g = gemmArgs(N, O, I, qx, Fp8Format::kE4M3, sx, qw, Fp8Format::kE4M3, sw, y2);
   if (residual) {  // read as the GEMM's C (beta = 1)
     MT_CHECK(residual->dtype() == y.dtype() && residual->numel() == y.numel(), "fp8 linear residual ",
              residual->str(), " for ", y.str());
@@ -136,6 +142,37 @@ void Fp8Linear::forwardFrom(Tensor& y, const Fp8CastInput& xin, const Tensor& w,
   g.bias = b;
   g.fastAccum = true;  // forward only, as Transformer Engine: gradients keep the promoted sums
   fp8Gemm(g);
+}
+
+bool Fp8Linear::produceOperands(Tensor& qx, Tensor& qw, int64_t rows, const Producer& produce, const Tensor& w,
+                                bool replay) {
+  const int64_t O = w.dim(0), I = w.dim(1);
+  const Device d = w.device();
+  if (!supports(rows, I, O, d)) return false;
+  onDevice(d);
+  qx = codes({rows, I}, d);
+  Tensor xt = codes({I, rows}, d);
+  if (!produce(LayerNormFp8Out{&qx, &xt, &sx_, replay})) return false;
+  xt_ = xt;
+  qw = codes({O, I}, d);
+  wt_ = codes({I, O}, d);
+  if (replay) fp8QuantizeReplay(qw, w, sw_, &wt_);
+  else fp8Quantize(qw, w, sw_, &wt_);
+  return true;
+}
+
+bool Fp8Linear::forwardProduced(Tensor& y, int64_t rows, const Producer& produce, const Tensor& w, const Tensor* b,
+                                Mode mode) {
+  MT_CHECK(y.numel() == rows * w.dim(0), "fp8 linear output ", y.str(), " for ", rows, " rows, w=", w.str());
+  Tensor qx, qw;
+  if (mode == Mode::kEval || !produceOperands(qx, qw, rows, produce, w, mode == Mode::kReplay)) return false;
+  gemmForward(y, qx, sx_, qw, sw_, b, nullptr);
+  return true;
+}
+
+bool Fp8Linear::restoreProduced(int64_t rows, const Producer& produce, const Tensor& w) {
+  Tensor qx, qw;
+  return produceOperands(qx, qw, rows, produce, w, true);
 }
 
 void Fp8Linear::forwardGelu(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor* b,

@@ -17,16 +17,21 @@
 // Around a GELU (GPT's MLP, MT_FP8_GELU = 3) the casts take the GELU's place: the layer after it
 // casts x = GELU(pre) from pre (forwardFromGelu), the layer before it casts its gradient
 // dy = dg * GELU'(pre) from dg and pre and sums db in the same pass (backwardFromDGelu); the
-// GELU's output and its gradient never go through memory.
+// GELU's output and its gradient never go through memory. After a LayerNorm (GPT's ln_1 -> qkv and
+// ln_2 -> fc; Linear::forwardFromLayerNorm) the LayerNorm kernel itself writes x's codes and x^T
+// with this layer's x state where it can (forwardProduced: the GPU, delayed scaling), so the
+// LayerNorm's output is never written either.
 // On the GPU cuBLASLt needs N, I and O multiples of 16 (supports()); a call that is not runs the
 // layer's bf16 path. The CPU emulation takes any shape.
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/Fp8.h"
 #include "core/Tensor.h"
+#include "models/layers/KernelTypes.h"
 
 namespace mt {
 
@@ -53,6 +58,14 @@ class Fp8Linear {
   // the codes (fp8QuantizeFrom, kGelu), so GELU(pre) is never written (the GPT MLP's fcProj).
   void forwardFromGelu(Tensor& y, const Tensor& pre, const Tensor& w, const Tensor* b, const Tensor* residual,
                        Mode mode);
+  // The input's codes made by the kernel that produces the input (LayerNorm::forwardFp8 or
+  // recomputeFp8): produce(out) writes x's codes and x^T into out with this layer's x state (replayed
+  // for kReplay) and says whether it did. forwardProduced: forward with those codes (no residual);
+  // restoreProduced: restore with them, replayed. False, with nothing done, where produce made none,
+  // and for kEval (evaluation casts with scratch states): the caller then makes x and calls forward.
+  using Producer = std::function<bool(const LayerNormFp8Out&)>;
+  bool forwardProduced(Tensor& y, int64_t rows, const Producer& produce, const Tensor& w, const Tensor* b, Mode mode);
+  bool restoreProduced(int64_t rows, const Producer& produce, const Tensor& w);
   // What forward(kReplay) keeps, without the GEMM (the layer's output was kept); FromGelu: of
   // forwardFromGelu.
   void restore(const Tensor& x, const Tensor& w);
@@ -90,6 +103,11 @@ class Fp8Linear {
   std::pair<const Fp8State*, const Fp8State*> castOperands(Tensor& qx, Tensor& qw, const Fp8CastInput& xin,
                                                            const Tensor& w, Mode mode,
                                                            std::optional<Fp8State>* scratch);
+  // produce's x codes into qx (x^T kept), then W cast (its transpose kept); false where produce made none.
+  bool produceOperands(Tensor& qx, Tensor& qw, int64_t rows, const Producer& produce, const Tensor& w, bool replay);
+  // y = sx^-1 sw^-1 (qx qw^T) + b (+ residual): the forward GEMM.
+  void gemmForward(Tensor& y, const Tensor& qx, const Fp8State& sx, const Tensor& qw, const Fp8State& sw,
+                   const Tensor* b, const Tensor* residual);
   void forwardFrom(Tensor& y, const Fp8CastInput& xin, const Tensor& w, const Tensor* b, const Tensor* residual,
                    Mode mode);
   void restoreFrom(const Fp8CastInput& xin, const Tensor& w);

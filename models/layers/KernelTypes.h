@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/Fp8.h"
 #include "core/Tensor.h"
 #include "models/layers/Layout.h"
 
@@ -28,6 +29,16 @@ struct PoolGeometry {
 };
 
 enum class GeluKind { kTanh, kErf };
+
+// Where a producing kernel writes FP8 codes instead of its output (LayerNorm into an FP8 GEMM):
+// q [R, C] and qt [C, R] (u8), cast with st's scale; replay: st's scale as it is and st left
+// alone (activation checkpointing's recomputation), otherwise st updated as fp8Quantize would.
+struct LayerNormFp8Out {
+  Tensor* q = nullptr;
+  Tensor* qt = nullptr;
+  Fp8State* st = nullptr;
+  bool replay = false;
+};
 
 enum class ImageOutput { kNHWC, kNCHW, kFlat };
 

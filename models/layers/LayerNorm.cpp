@@ -41,6 +41,15 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
   });
 }
 
+bool layerNormForwardFp8(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* mean, Tensor* rstd, float eps,
+                         DType yType, const LayerNormFp8Out& out) {
+#ifdef MT_WITH_CUDA
+  if (x.device().isCuda()) return cuda::layerNormForwardFp8(x, w, b, mean, rstd, eps, yType, out);
+#endif
+  (void)w, (void)b, (void)mean, (void)rstd, (void)eps, (void)yType, (void)out;
+  return false;
+}
+
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                        const Tensor& mean, const Tensor& rstd, const Tensor* residual, Tensor* dxLow) {
   MT_DISPATCH_CUDA(x, layerNormBackward(dx, dw, db, dy, x, w, mean, rstd, residual, dxLow));
@@ -119,6 +128,24 @@ Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
     layerNormForward(y, nullptr, nullptr, x, w_->value, b_->value, eps_);
   }
   return y;
+}
+
+bool LayerNorm::forwardFp8(const Tensor& x, Context& ctx, const LayerNormFp8Out& out) {
+  MT_CHECK(x.dim(-1) == c_, "layernorm over ", c_, " channels got ", x.str());
+  const int64_t rows = x.numel() / c_;
+  if (!ctx.training)
+    return layerNormForwardFp8(x, w_->value, b_->value, nullptr, nullptr, eps_, outputDType(x.device()), out);
+  Tensor mean = Tensor::empty({rows}, DType::kF32, x.device()), rstd = Tensor::empty({rows}, DType::kF32, x.device());
+  if (!layerNormForwardFp8(x, w_->value, b_->value, &mean, &rstd, eps_, outputDType(x.device()), out)) return false;
+  x_ = x;
+  mean_ = mean;
+  rstd_ = rstd;
+  return true;
+}
+
+bool LayerNorm::recomputeFp8(const LayerNormFp8Out& out) const {
+  MT_CHECK(x_.defined(), "LayerNorm: recomputing the output without a training forward");
+  return layerNormForwardFp8(x_, w_->value, b_->value, nullptr, nullptr, eps_, outputDType(x_.device()), out);
 }
 
 Tensor LayerNorm::recomputeOutput() const {

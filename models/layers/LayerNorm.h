@@ -9,6 +9,7 @@
 // mean and rstd per row are kept for backward.
 
 #include "models/Module.h"
+#include "models/layers/KernelTypes.h"
 
 namespace mt {
 
@@ -17,6 +18,15 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 // residual (optional, f32 like dx): dx = LayerNorm'(dy) + residual (a residual branch's gradient
 // added in the same pass). dy: f32, or bf16/f16 on CUDA. dxLow (CUDA only, optional, allocated
 // bf16/f16): a copy of dx in that dtype, written by the same pass, for the GEMMs that read it.
+// layerNormForward whose y (of dtype yType) is not written but cast to FP8 by the same kernel (the GPU's
+// vectorised one): out.q and out.qt get y's codes and their transpose, with out.st's scale, bit for
+// bit the codes fp8Quantize makes of layerNormForward's y (and out.st updated the same way). False,
+// with nothing done, where that kernel does not apply: the CPU (whose cast is the emulation of this
+// one), MT_FP8_LN=0, the current recipe or a state's first cast (the scale needs y's amax), a history
+// over 32, rows not a multiple of 32, C not a multiple of 8 or over 2048. The caller then runs
+// layerNormForward and casts y.
+bool layerNormForwardFp8(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* mean, Tensor* rstd, float eps,
+                         DType yType, const LayerNormFp8Out& out);
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                        const Tensor& mean, const Tensor& rstd, const Tensor* residual = nullptr,
                        Tensor* dxLow = nullptr);
@@ -38,6 +48,13 @@ class LayerNorm : public Module {
   // input and parameters: the same bits; the statistics are not rewritten). For the GEMM backward
   // that reads it when it was not kept (pointwise recomputation).
   Tensor recomputeOutput() const;
+  // forward(x) and recomputeOutput() for an FP8 GEMM's input: the output not written but cast into
+  // out by the same kernel (layerNormForwardFp8; forward keeps x, mean and rstd as forward does).
+  // False, with nothing done, where that kernel does not apply.
+  bool forwardFp8(const Tensor& x, Context& ctx, const LayerNormFp8Out& out);
+  bool recomputeFp8(const LayerNormFp8Out& out) const;
+  // The input the last training forward kept (undefined before one, or after clearCache).
+  const Tensor& keptInput() const { return x_; }
   std::vector<Param*> params() override { return {w_, b_}; }
   Shape outputShape(const Shape& in) const override { return in; }
   void clearCache() override;

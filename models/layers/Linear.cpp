@@ -152,6 +152,29 @@ void Linear::restoreInput(const Tensor& x, Context& ctx) {
   if (!wo_.defined()) weightOperand(ctx);
 }
 
+Tensor Linear::forwardFromLayerNorm(LayerNorm& ln, const Tensor& x, Context& ctx) {
+  const int64_t rows = x.numel() / x.dim(-1);
+  if (fp8For(rows, x.device())) {
+    Shape outShape = x.shape();
+    outShape.back() = out_;
+    Tensor y = Tensor::empty(outShape, outputDType(x.device()), x.device());
+    const auto produce = [&](const LayerNormFp8Out& o) { return ln.forwardFp8(x, ctx, o); };
+    if (fp8_->forwardProduced(y, rows, produce, w_->value, b_ ? &b_->value : nullptr, fp8Mode(ctx))) return y;
+  }
+  return forward(ln.forward(x, ctx), ctx);
+}
+
+void Linear::restoreInputFromLayerNorm(LayerNorm& ln, const Tensor* x, Context& ctx) {
+  const Tensor& in = x ? *x : ln.keptInput();
+  MT_CHECK(in.defined(), "linear: restoring a LayerNorm's output without its training forward");
+  const int64_t rows = in.numel() / in.dim(-1);
+  if (ctx.training && fp8For(rows, in.device())) {
+    const auto produce = [&](const LayerNormFp8Out& o) { return x ? ln.forwardFp8(*x, ctx, o) : ln.recomputeFp8(o); };
+    if (fp8_->restoreProduced(rows, produce, w_->value)) return;
+  }
+  restoreInput(x ? ln.forward(*x, ctx) : ln.recomputeOutput(), ctx);
+}
+
 Tensor Linear::forwardAddGelu(const Tensor& pre, const Tensor& residual, Context& ctx) {
   if (fp8For(pre)) {
     Shape outShape = pre.shape();

@@ -13,6 +13,7 @@
 
 #include "models/Module.h"
 #include "models/layers/Fp8Linear.h"
+#include "models/layers/LayerNorm.h"
 
 namespace mt {
 
@@ -77,6 +78,11 @@ class Linear : public Module {
   // kept), without the GEMM: activation checkpointing kept the output and recomputed the input.
   // A weight cast kept from forward is used as it is.
   void restoreInput(const Tensor& x, Context& ctx);
+  // forward(ln.forward(x)) (GPT's ln_1 -> qkv and ln_2 -> fc): in FP8 training the LayerNorm kernel
+  // writes this layer's input codes itself (LayerNorm::forwardFp8), so its output is never written.
+  Tensor forwardFromLayerNorm(LayerNorm& ln, const Tensor& x, Context& ctx);
+  // restoreInput(ln.forward(*x)), or restoreInput(ln.recomputeOutput()) when x is null, the same way.
+  void restoreInputFromLayerNorm(LayerNorm& ln, const Tensor* x, Context& ctx);
   // Drops the input forward kept (not the weight's cast; FP8: both operands' codes, which
   // restoreInput's replay cast makes again bit for bit): restoreInput gives it back before backward.
   void releaseInput() {

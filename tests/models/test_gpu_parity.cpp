@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/EnvParams.h"
+#include "core/Fp8.h"
 #include "core/cuda/CudaCheck.h"
 #include "core/cuda/CudaRuntime.h"
 #include "data/H5File.h"
@@ -49,7 +50,8 @@ Tensor zerosLike(const Tensor& t, Device d) { return Tensor::zeros(t.shape(), t.
 // A GPU tensor full of NaN: elements a kernel fails to write fail the comparison.
 Tensor poisoned(const Shape& shape, DType dtype) {
   Tensor t = Tensor::empty(shape, dtype);
-  t.fill_(std::nanf(""));
+  if (dtype == DType::kU8) memset(t.rawData(), 0xA5, static_cast<size_t>(t.numel()));  // a code no test expects everywhere
+  else t.fill_(std::nanf(""));
   return t.to(kGpu);
 }
 
@@ -777,6 +779,104 @@ TEST(GpuParity, GptF16GradientsCloserThanBf16AtGpt2Width) {
       }
       EXPECT_LT(std::fabs(loss[1] - ref.loss), std::fabs(loss[0] - ref.loss) + 1e-5) << when << " " << bname;
     }
+  }
+}
+
+// The LayerNorm kernel that writes the next GEMM's FP8 codes itself (layerNormForwardFp8) against
+// layerNormForward then fp8Quantize: codes, transposed codes, mean, rstd and the whole scaling state
+// bitwise equal, step after step of the delayed recipe (the state's first cast, which needs the
+// tensor's own amax, goes the unfused way: the kernel declines it), and the replay (recomputation)
+// makes the same codes and leaves the state alone. Shapes: C = 200 (a partial lane set), 768, 1032
+// (one lane with a fifth chunk), 1600 (GPT-2 XL: 51 KiB of tile, over the default shared memory);
+// outputs rounded to bf16 (GPT's) and kept in f32; amplitudes that move the scale both ways.
+TEST(GpuParity, LayerNormIntoFp8MatchesLayerNormThenCast) {
+  if (envInt(EnvParam::kFp8LayerNorm) != 1) GTEST_SKIP() << "MT_FP8_LN=0";
+  for (auto [N, C] : std::vector<std::pair<int64_t, int64_t>>{{64, 200}, {256, 768}, {96, 1032}, {2048, 1600}})
+    for (DType yType : {DType::kBF16, DType::kF32}) {
+      const std::string what = std::to_string(N) + "x" + std::to_string(C) + " " + dtypeName(yType);
+      Fp8Options o;
+      o.historyLength = 4;
+      Fp8State ref(Fp8Format::kE4M3, o, kGpu), fused(Fp8Format::kE4M3, o, kGpu);
+      const Tensor w = gpu(randomTensor({C}, 52)), b = gpu(randomTensor({C}, 53));
+      const float amps[] = {1.f, 8.f, 0.5f, 40.f, 2.f, 3.f};
+      for (int step = 0; step < 6; ++step) {
+        const Tensor x = gpu(randomTensor({N, C}, 60 + step, amps[step]));
+        Tensor y = Tensor::empty({N, C}, yType, kGpu), mean = Tensor::empty({N}, DType::kF32, kGpu),
+               rstd = Tensor::empty({N}, DType::kF32, kGpu);
+        layerNormForward(y, &mean, &rstd, x, w, b, 1e-5f);
+        Tensor q = Tensor::empty({N, C}, DType::kU8, kGpu), qt = Tensor::empty({C, N}, DType::kU8, kGpu);
+        fp8Quantize(q, y, ref, &qt);
+        Tensor fq = poisoned({N, C}, DType::kU8), fqt = poisoned({C, N}, DType::kU8);
+        Tensor fmean = poisoned({N}, DType::kF32), frstd = poisoned({N}, DType::kF32);
+        const bool took = layerNormForwardFp8(x, w, b, &fmean, &frstd, 1e-5f, yType, {&fq, &fqt, &fused, false});
+        EXPECT_EQ(took, step > 0) << what << " step " << step;
+        if (!took) {  // the first cast: as the model does, the LayerNorm then the cast
+          layerNormForward(y, &fmean, &frstd, x, w, b, 1e-5f);
+          fp8Quantize(fq, y, fused, &fqt);
+        }
+        auto same = [&](const Tensor& a, const Tensor& e, const char* name) {
+          const Tensor ah = a.to(Device::cpu()), eh = e.to(Device::cpu());
+          EXPECT_EQ(memcmp(ah.rawData(), eh.rawData(), ah.numel() * dtypeSize(ah.dtype())), 0)
+              << what << " step " << step << " " << name;
+        };
+        same(fq, q, "codes");
+        same(fqt, qt, "transposed codes");
+        same(fmean, mean, "mean");
+        same(frstd, rstd, "rstd");
+        same(fused.values(), ref.values(), "scaling state");
+        EXPECT_EQ(fused.casts(), ref.casts());
+        Tensor rq = poisoned({N, C}, DType::kU8), rqt = poisoned({C, N}, DType::kU8);
+        ASSERT_TRUE(layerNormForwardFp8(x, w, b, nullptr, nullptr, 1e-5f, yType, {&rq, &rqt, &fused, true})) << what;
+        same(rq, q, "replayed codes");
+        same(rqt, qt, "replayed transposed codes");
+        same(fused.values(), ref.values(), "scaling state after the replay");
+      }
+    }
+  // Where the kernel does not apply it does nothing: rows not a multiple of 32, the current recipe.
+  Fp8Options o;
+  Fp8State delayed(Fp8Format::kE4M3, o, kGpu);
+  delayed.setCasts(1);
+  o.recipe = Fp8Recipe::kCurrent;
+  Fp8State current(Fp8Format::kE4M3, o, kGpu);
+  current.setCasts(1);
+  const Tensor w = gpu(randomTensor({768}, 54)), b = gpu(randomTensor({768}, 55));
+  for (auto [rows, st] : std::vector<std::pair<int64_t, Fp8State*>>{{48, &delayed}, {64, &current}}) {
+    const Tensor x = gpu(randomTensor({rows, 768}, 56));
+    Tensor q = Tensor::empty({rows, 768}, DType::kU8, kGpu), qt = Tensor::empty({768, rows}, DType::kU8, kGpu);
+    EXPECT_FALSE(layerNormForwardFp8(x, w, b, nullptr, nullptr, 1e-5f, DType::kBF16, {&q, &qt, st, false})) << rows;
+    EXPECT_EQ(st->casts(), 1);
+  }
+}
+
+// FP8 GPT with delayed scaling (the LayerNorms writing the qkv and fc codes, the casts updating
+// their state in one kernel) under each activation checkpointing mode against none: the
+// recomputation replays the forward's codes, so losses and parameters after three steps are held to
+// what two runs without checkpointing differ by (x10, at least 1e-4 relative).
+TEST(GpuParity, GptFp8CheckpointingMatchesNone) {
+  PrecisionScope scope(MatmulPrecision::kBF16);
+  GptConfig c;
+  c.vocab = 200, c.paddedVocab = 256, c.maxT = 64, c.layers = 3, c.heads = 2, c.channels = 128;
+  c.fp8.enabled = true;
+  c.fp8.options.recipe = Fp8Recipe::kDelayed;
+  auto worst = [](const test::GptRun& a, const test::GptRun& e) {
+    double w = 0;
+    for (size_t i = 0; i < a.losses.size(); ++i) w = std::max(w, std::fabs(a.losses[i] - e.losses[i]) / e.losses[i]);
+    for (size_t i = 0; i < a.values.size(); ++i)
+      w = std::max(w, std::fabs(static_cast<double>(a.values[i]) - e.values[i]) / (std::fabs(e.values[i]) + 1e-3));
+    return w;
+  };
+  c.checkpointing = ActivationCheckpointing::kNone;
+  const test::GptRun none = test::trainGpt(c, kGpu, true, 3, 4), again = test::trainGpt(c, kGpu, true, 3, 4);
+  const double bound = std::max(1e-4, 10 * worst(again, none));
+  for (auto mode : {ActivationCheckpointing::kBlocks, ActivationCheckpointing::kSelective,
+                    ActivationCheckpointing::kPointwise}) {
+    c.checkpointing = mode;
+    const test::GptRun r = test::trainGpt(c, kGpu, true, 3, 4);
+    const double w = worst(r, none);
+    std::printf("fp8 checkpointing %s: worst relative difference to none %.2e (none twice: %.2e)\n",
+                enumName(activationCheckpointings(), mode), w, worst(again, none));
+    EXPECT_LE(w, bound) << enumName(activationCheckpointings(), mode);
+    EXPECT_LT(r.keptBytes, none.keptBytes);
   }
 }
 
