@@ -22,7 +22,7 @@ enum class EnvParam : int {
   kGemmAutotune,      // MT_GEMM_AUTOTUNE
   kFp8Gelu,           // MT_FP8_GELU
   kLnKernel,          // MT_LN_KERNEL
-  kFp8LayerNorm,      // MT_FP8_LN
+  kFp8Fused,          // MT_FP8_FUSED
   kConvAlgo,          // MT_CONV_ALGO
   kNcclShareGpu,      // MT_NCCL_SHARE_GPU_FOR_TESTS
   kTestFault,         // MT_TEST_FAULT

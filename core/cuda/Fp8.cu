@@ -7,13 +7,14 @@
 // per thread) elsewhere. Same codes.
 // One quantization (Fp8State layout [scaleInv, scale, amax, h_0..h_{L-1}]):
 //   current:        amax pass -> scale kernel (scaleFrom(amax)) -> cast pass -> history push
-//   delayed:        one cast kernel (L <= 32): every block takes scaleFrom(max h) from the history
-//                   (one warp's lanes read it), reduces its amax into Fp8State::deviceScratch and
-//                   counts itself done there; the last block to count writes scale, scaleInv and
-//                   amax, pushes the history and zeroes the scratch. The other blocks read the
-//                   state only before they count, so nothing reads what the last one writes.
-//                   (L > 32: scale kernel -> cast pass, amax fused -> history push.) The two
-//                   one-thread kernels this saves cost ~2-3 us each per cast, ~100 casts a step.
+//   delayed:        scale kernel (scaleFrom(max h)) -> cast pass, amax fused -> history push; with
+//                   MT_FP8_FUSED >= 1 and L <= 32, one cast kernel: every block takes scaleFrom(max
+//                   h) from the history (one warp's lanes read it), reduces its amax into
+//                   Fp8State::deviceScratch and counts itself done there; the last block to count
+//                   writes scale, scaleInv and amax, pushes the history and zeroes the scratch. The
+//                   other blocks read the state only before they count, so nothing reads what the
+//                   last one writes. It saves two one-thread kernels (a few us each on a busy
+//                   stream) per cast, ~12 casts a GPT block a step.
 //   delayed, first: as current (no history yet; the host counts casts, Fp8State::casts).
 // The cast is CUDA's __nv_cvt_float_to_fp8(x * scale, __NV_SATFINITE, f) (cvt.rn.satfinite on
 // sm_89+); the product x * scale is one IEEE f32 multiply, as on the CPU, and the scale math is
@@ -30,6 +31,7 @@
 #include <cuda_fp8.h>
 
 #include "core/Check.h"
+#include "core/EnvParams.h"
 #include "core/Convert.h"
 #include "core/Fp8.h"
 #include "core/GeluMath.h"
@@ -328,8 +330,9 @@ void quantizeWith(const Load& ld, Tensor& q, int64_t R, int64_t C, Fp8State& st,
   cudaStream_t s = currentStream();
   uint8_t* qp = q.data<uint8_t>();
   uint8_t* qtp = qt ? qt->data<uint8_t>() : nullptr;
+  static const bool fused = envInt(EnvParam::kFp8Fused) >= 1;
   CastScaling cs;
-  if (producerScaling(st, false, &cs)) {  // delayed, in one kernel
+  if (fused && producerScaling(st, false, &cs)) {  // delayed, in one kernel
     launchCast(ld, qp, qtp, R, C, cs, colSum, s);
     st.setCasts(st.casts() + 1);
     return;

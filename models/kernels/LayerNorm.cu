@@ -445,11 +445,10 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 
 bool layerNormForwardFp8(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* mean, Tensor* rstd, float eps,
                         DType yType, const LayerNormFp8Out& out) {
-  static const bool enabled = envInt(EnvParam::kFp8LayerNorm) == 1;
   const int64_t C = x.dim(-1), R = x.numel() / C;
   Tensor& q = *out.q;
   Tensor& qt = *out.qt;
-  if (!enabled || R == 0 || R % kFp8LnRows != 0 || R / kFp8LnRows >= (int64_t{1} << 31) ||
+  if (R == 0 || R % kFp8LnRows != 0 || R / kFp8LnRows >= (int64_t{1} << 31) ||
       (yType != DType::kF32 && yType != DType::kBF16 && yType != DType::kF16) ||
       !useVec(C, {x.rawData(), w.rawData(), b.rawData(), q.rawData(), qt.rawData()}))
     return false;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/EnvParams.h"
 #include "core/Parallel.h"
 #include "models/Init.h"
 #include "models/kernels/Dispatch.h"
@@ -130,8 +131,16 @@ Tensor LayerNorm::forward(const Tensor& x, Context& ctx) {
   return y;
 }
 
+namespace {
+bool fusedIntoFp8() {
+  static const bool on = envInt(EnvParam::kFp8Fused) >= 2;
+  return on;
+}
+}  // namespace
+
 bool LayerNorm::forwardFp8(const Tensor& x, Context& ctx, const LayerNormFp8Out& out) {
   MT_CHECK(x.dim(-1) == c_, "layernorm over ", c_, " channels got ", x.str());
+  if (!fusedIntoFp8()) return false;
   const int64_t rows = x.numel() / c_;
   if (!ctx.training)
     return layerNormForwardFp8(x, w_->value, b_->value, nullptr, nullptr, eps_, outputDType(x.device()), out);
@@ -145,6 +154,7 @@ bool LayerNorm::forwardFp8(const Tensor& x, Context& ctx, const LayerNormFp8Out&
 
 bool LayerNorm::recomputeFp8(const LayerNormFp8Out& out) const {
   MT_CHECK(x_.defined(), "LayerNorm: recomputing the output without a training forward");
+  if (!fusedIntoFp8()) return false;
   return layerNormForwardFp8(x_, w_->value, b_->value, nullptr, nullptr, eps_, outputDType(x_.device()), out);
 }
 

@@ -20,11 +20,11 @@ void layerNormForward(Tensor& y, Tensor* mean, Tensor* rstd, const Tensor& x, co
 // bf16/f16): a copy of dx in that dtype, written by the same pass, for the GEMMs that read it.
 // layerNormForward whose y (of dtype yType) is not written but cast to FP8 by the same kernel (the GPU's
 // vectorised one): out.q and out.qt get y's codes and their transpose, with out.st's scale, bit for
-// bit the codes fp8Quantize makes of layerNormForward's y (and out.st updated the same way). False,
-// with nothing done, where that kernel does not apply: the CPU (whose cast is the emulation of this
-// one), MT_FP8_LN=0, the current recipe or a state's first cast (the scale needs y's amax), a history
-// over 32, rows not a multiple of 32, C not a multiple of 8 or over 2048. The caller then runs
-// layerNormForward and casts y.
+// bit the codes fp8Quantize makes of layerNormForward's y (and out.st updated as MT_FP8_FUSED >= 1
+// updates it). False, with nothing done, where that kernel does not apply: the CPU (whose cast is
+// the emulation of this one), the current recipe or a state's first cast (the scale needs y's amax),
+// a history over 32, rows not a multiple of 32, C not a multiple of 8 or over 2048. The caller then
+// runs layerNormForward and casts y.
 bool layerNormForwardFp8(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* mean, Tensor* rstd, float eps,
                          DType yType, const LayerNormFp8Out& out);
 void layerNormBackward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
@@ -50,7 +50,7 @@ class LayerNorm : public Module {
   Tensor recomputeOutput() const;
   // forward(x) and recomputeOutput() for an FP8 GEMM's input: the output not written but cast into
   // out by the same kernel (layerNormForwardFp8; forward keeps x, mean and rstd as forward does).
-  // False, with nothing done, where that kernel does not apply.
+  // False, with nothing done, below MT_FP8_FUSED=2 or where that kernel does not apply.
   bool forwardFp8(const Tensor& x, Context& ctx, const LayerNormFp8Out& out);
   bool recomputeFp8(const LayerNormFp8Out& out) const;
   // The input the last training forward kept (undefined before one, or after clearCache).
