@@ -154,14 +154,12 @@ __device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
 
 constexpr int kVecWarps = 8;
 
-template <int NV, typename Tout>
-__global__ void __launch_bounds__(kVecWarps * 32) lnFwdVec(const float* x, const float* w, const float* b, Tout* y,
-                                                           float* mean, float* rstd, int64_t R, int64_t C, float eps) {
-  const int64_t row = blockIdx.x * static_cast<int64_t>(kVecWarps) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32, C8 = static_cast<int>(C / 8);
-  if (row >= R) return;
-  const float* xr = x + row * C;
-  float v[NV][8];
+// A row of the warp-per-row forwards: lane l's chunks l + 32 k of x's row into v (zeros past C),
+// then the row's mean m and rstd rs by shuffles. One function, so that every forward kernel makes
+// the same row bit for bit (lnFwdVec's y and lnFwdFp8's codes of it).
+template <int NV>
+__device__ __forceinline__ void lnRowStats(const float* xr, int lane, int C8, int64_t C, float eps, float (&v)[NV][8],
+                                           float& m, float& rs) {
   float s = 0.f;
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
@@ -173,14 +171,24 @@ __global__ void __launch_bounds__(kVecWarps * 32) lnFwdVec(const float* x, const
       s += v[k][i];
     }
   }
-  const float m = warpSum(s) / static_cast<float>(C);
+  m = warpSum(s) / static_cast<float>(C);
   float q = 0.f;
 #pragma unroll
   for (int k = 0; k < NV; ++k)
     if (lane + 32 * k < C8)
 #pragma unroll
       for (int i = 0; i < 8; ++i) q += (v[k][i] - m) * (v[k][i] - m);
-  const float rs = rsqrtf(warpSum(q) / static_cast<float>(C) + eps);
+  rs = rsqrtf(warpSum(q) / static_cast<float>(C) + eps);
+}
+
+template <int NV, typename Tout>
+__global__ void __launch_bounds__(kVecWarps * 32) lnFwdVec(const float* x, const float* w, const float* b, Tout* y,
+                                                           float* mean, float* rstd, int64_t R, int64_t C, float eps) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kVecWarps) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, C8 = static_cast<int>(C / 8);
+  if (row >= R) return;
+  float v[NV][8], m, rs;
+  lnRowStats<NV>(x + row * C, lane, C8, C, eps, v, m, rs);
   Tout* yr = y + row * C;
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
@@ -234,27 +242,8 @@ __global__ void __launch_bounds__(kVecWarps * 32)
   float amax = 0.f;
   for (int j = warp; j < kFp8LnRows; j += kVecWarps) {
     const int64_t row = r0 + j;
-    const float* xr = x + row * C;
-    float v[NV][8];
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {  // from here to rs: lnFwdVec's operations
-      const int c8 = lane + 32 * k;
-      if (c8 < C8) load8(xr + 8 * c8, v[k]);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        if (c8 >= C8) v[k][i] = 0.f;
-        s += v[k][i];
-      }
-    }
-    const float m = warpSum(s) / static_cast<float>(C);
-    float qs = 0.f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k)
-      if (lane + 32 * k < C8)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) qs += (v[k][i] - m) * (v[k][i] - m);
-    const float rs = rsqrtf(warpSum(qs) / static_cast<float>(C) + eps);
+    float v[NV][8], m, rs;
+    lnRowStats<NV>(x + row * C, lane, C8, C, eps, v, m, rs);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int c8 = lane + 32 * k;
