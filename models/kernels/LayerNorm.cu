@@ -181,6 +181,16 @@ __device__ __forceinline__ void lnRowStats(const float* xr, int lane, int C8, in
   rs = rsqrtf(warpSum(q) / static_cast<float>(C) + eps);
 }
 
+// Chunk c8 of a row's output in f32, (v - m) rs w + b: lnFwdVec's y before it is stored.
+__device__ __forceinline__ void lnChunkOut(const float* w, const float* b, int c8, const float (&v)[8], float m,
+                                           float rs, float (&o)[8]) {
+  float wv[8], bv[8];
+  load8(w + 8 * c8, wv);
+  load8(b + 8 * c8, bv);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) o[i] = (v[i] - m) * rs * wv[i] + bv[i];
+}
+
 template <int NV, typename Tout>
 __global__ void __launch_bounds__(kVecWarps * 32) lnFwdVec(const float* x, const float* w, const float* b, Tout* y,
                                                            float* mean, float* rstd, int64_t R, int64_t C, float eps) {
@@ -194,11 +204,8 @@ __global__ void __launch_bounds__(kVecWarps * 32) lnFwdVec(const float* x, const
   for (int k = 0; k < NV; ++k) {
     const int c8 = lane + 32 * k;
     if (c8 >= C8) continue;
-    float wv[8], bv[8], o[8];
-    load8(w + 8 * c8, wv);
-    load8(b + 8 * c8, bv);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = (v[k][i] - m) * rs * wv[i] + bv[i];
+    float o[8];
+    lnChunkOut(w, b, c8, v[k], m, rs, o);
     store8(yr + 8 * c8, o);
   }
   if (lane == 0) {
@@ -248,12 +255,11 @@ __global__ void __launch_bounds__(kVecWarps * 32)
     for (int k = 0; k < NV; ++k) {
       const int c8 = lane + 32 * k;
       if (c8 >= C8) continue;
-      float wv[8], bv[8], o[8];
-      load8(w + 8 * c8, wv);
-      load8(b + 8 * c8, bv);
+      float o[8];
+      lnChunkOut(w, b, c8, v[k], m, rs, o);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float y = toF32(fromF32<Tout>((v[k][i] - m) * rs * wv[i] + bv[i]));  // y as lnFwdVec stores it
+        const float y = toF32(fromF32<Tout>(o[i]));  // y as lnFwdVec stores it
         amax = absMaxBits(amax, y);
         o[i] = y * scale;
       }
