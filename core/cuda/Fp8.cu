@@ -31,8 +31,8 @@
 #include <cuda_fp8.h>
 
 #include "core/Check.h"
-#include "core/EnvParams.h"
 #include "core/Convert.h"
+#include "core/EnvParams.h"
 #include "core/Fp8.h"
 #include "core/GeluMath.h"
 #include "core/cuda/CudaGemm.h"
