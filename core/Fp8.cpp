@@ -52,20 +52,8 @@ void castLoop(uint8_t* q, uint8_t* qt, const T* x, int64_t n, int64_t cols, floa
 
 // The scale update before a cast (header comment): current from amax(x), delayed from the history.
 void scaleBeforeCast(float* v, int L, Fp8Format f, const Fp8Options& o, bool first, float amaxNow) {
-  if (o.recipe == Fp8Recipe::kDelayed && !first) {
-    const float h = fp8HistoryMax(v + Fp8State::kHistory, L);
-    v[Fp8State::kScale] = fp8ScaleFrom(h, v[Fp8State::kScale], f, o.margin);
-  } else {
-    v[Fp8State::kScale] = fp8ScaleFrom(amaxNow, v[Fp8State::kScale], f, o.margin);
-  }
-  v[Fp8State::kScaleInv] = 1.f / v[Fp8State::kScale];
-}
-
-void pushHistory(float* v, int L, float amax) {
-  for (int i = L - 1; i > 0; --i)
-    v[Fp8State::kHistory + i] = v[Fp8State::kHistory + i - 1];
-  if (L > 0) v[Fp8State::kHistory] = amax;
-  v[Fp8State::kAmax] = amax;
+  const float src = o.recipe == Fp8Recipe::kDelayed && !first ? fp8HistoryMax(v + Fp8State::kHistory, L) : amaxNow;
+  fp8SetScale(v, fp8ScaleFrom(src, v[Fp8State::kScale], f, o.margin));
 }
 
 }  // namespace
@@ -201,7 +189,7 @@ void quantizeCpu(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
   const float amax = amaxCpu(x);
   scaleBeforeCast(v, L, st.format(), st.options(), st.casts() == 0, amax);
   castCpu(q, x, transposed, v[Fp8State::kScale], st.format());
-  pushHistory(v, L, amax);
+  fp8PushAmax(v, L, amax);
   st.setCasts(st.casts() + 1);
 }
 

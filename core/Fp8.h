@@ -183,6 +183,20 @@ class Fp8State {
   Tensor values_;
 };
 
+// The updates of a state vector v around a cast, one code for the CPU emulation and the CUDA
+// kernels: the scale the cast multiplies by with its inverse (what the GEMMs read), and the cast's
+// amax pushed onto the history of length L (h <- [amax, h_0, .., h_{L-2}]) and kept as the last amax.
+MT_FP8_HD inline void fp8SetScale(float* v, float s) {
+  v[Fp8State::kScale] = s;
+  v[Fp8State::kScaleInv] = 1.f / s;
+}
+MT_FP8_HD inline void fp8PushAmax(float* v, int L, float amax) {
+  for (int i = L - 1; i > 0; --i)
+    v[Fp8State::kHistory + i] = v[Fp8State::kHistory + i - 1];
+  if (L > 0) v[Fp8State::kHistory] = amax;
+  v[Fp8State::kAmax] = amax;
+}
+
 // q (u8, x's shape) <- fp8(x * s) with s chosen by st's recipe (header comment), st updated
 // (scale, scaleInv, amax, history). x: f32 or bf16, contiguous. transposed (optional, u8 [C,R]
 // for a 2-D view [R,C] of x): also written with the transpose, as the FP8 GEMMs' TN layout needs.

@@ -192,17 +192,12 @@ __global__ void __launch_bounds__(kVecThreads)
     if (r < R && c < C) {
       float v[8];
       ld.eight(r * C + c, v);
-      uint32_t w[2];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         m = absMaxBits(m, v[i]);
         sum[i] += v[i];
       }
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        w[h] = castPair(v[4 * h] * scale, v[4 * h + 1] * scale, f) |
-               (static_cast<uint32_t>(castPair(v[4 * h + 2] * scale, v[4 * h + 3] * scale, f)) << 16);
-      const uint2 packed = make_uint2(w[0], w[1]);
+      const uint2 packed = castEight(v, scale, f);
       *reinterpret_cast<uint2*>(q + r * C + c) = packed;
       *reinterpret_cast<uint2*>(&tile[rl * kVecTile + ((ck ^ (rl / 16)) * 8)]) = packed;
     }
@@ -300,16 +295,11 @@ void launchAmax(const Load& ld, int64_t n, float* state, cudaStream_t s) {
 // the amax slot cleared first where the cast itself reduces it.
 __global__ void scaleKernel(float* v, int L, Fp8Format f, int margin, bool fromHistory) {
   const float src = fromHistory ? fp8HistoryMax(v + Fp8State::kHistory, L) : v[Fp8State::kAmax];
-  v[Fp8State::kScale] = fp8ScaleFrom(src, v[Fp8State::kScale], f, margin);
-  v[Fp8State::kScaleInv] = 1.f / v[Fp8State::kScale];
+  fp8SetScale(v, fp8ScaleFrom(src, v[Fp8State::kScale], f, margin));
   if (fromHistory) v[Fp8State::kAmax] = 0.f;
 }
 
-__global__ void pushKernel(float* v, int L) {
-  for (int i = L - 1; i > 0; --i)
-    v[Fp8State::kHistory + i] = v[Fp8State::kHistory + i - 1];
-  v[Fp8State::kHistory] = v[Fp8State::kAmax];
-}
+__global__ void pushKernel(float* v, int L) { fp8PushAmax(v, L, v[Fp8State::kAmax]); }
 
 __global__ void dequantizeKernel(const uint8_t* q, float* x, int64_t n, const float* state, Fp8Format f) {
   const float inv = state[Fp8State::kScaleInv];

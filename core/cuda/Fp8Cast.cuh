@@ -82,19 +82,24 @@ __device__ inline void castAmax(const CastScaling& cs, float m, float scale) {
   __threadfence();
   const float amax = __uint_as_float(atomicExch(cs.fused, 0u));
   atomicExch(cs.fused + 1, 0u);
-  float* v = cs.state;
-  for (int i = cs.L - 1; i > 0; --i)
-    v[Fp8State::kHistory + i] = v[Fp8State::kHistory + i - 1];
-  v[Fp8State::kHistory] = amax;
-  v[Fp8State::kAmax] = amax;
-  v[Fp8State::kScale] = scale;
-  v[Fp8State::kScaleInv] = 1.f / scale;
+  fp8PushAmax(cs.state, cs.L, amax);
+  fp8SetScale(cs.state, scale);
 }
 
 // Two codes from one convert (cvt.rn.satfinite.e4m3x2 / e5m2x2 on sm_89+; the same rounding per
 // element as castIntrinsic), a in the low byte.
 __device__ inline uint16_t castPair(float a, float b, Fp8Format f) {
   return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, interpretation(f)));
+}
+
+// The codes of eight values times scale (one f32 multiply each), element i in byte i.
+__device__ inline uint2 castEight(const float (&v)[8], float scale, Fp8Format f) {
+  uint32_t w[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    w[h] = castPair(v[4 * h] * scale, v[4 * h + 1] * scale, f) |
+           (static_cast<uint32_t>(castPair(v[4 * h + 2] * scale, v[4 * h + 3] * scale, f)) << 16);
+  return make_uint2(w[0], w[1]);
 }
 
 // The scaling of a cast made by a kernel that produces the tensor as it casts (so its scale must

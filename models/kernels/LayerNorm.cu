@@ -259,16 +259,10 @@ __global__ void __launch_bounds__(kVecWarps * 32)
       lnChunkOut(w, b, c8, v[k], m, rs, o);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float y = toF32(fromF32<Tout>(o[i]));  // y as lnFwdVec stores it
-        amax = absMaxBits(amax, y);
-        o[i] = y * scale;
+        o[i] = toF32(fromF32<Tout>(o[i]));  // y as lnFwdVec stores it
+        amax = absMaxBits(amax, o[i]);
       }
-      uint32_t packed[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        packed[h] = castPair(o[4 * h], o[4 * h + 1], cs.f) |
-                    (static_cast<uint32_t>(castPair(o[4 * h + 2], o[4 * h + 3], cs.f)) << 16);
-      const uint2 p = make_uint2(packed[0], packed[1]);
+      const uint2 p = castEight(o, scale, cs.f);
       *reinterpret_cast<uint2*>(q + row * C + 8 * c8) = p;
       *reinterpret_cast<uint2*>(tile + fp8LnTileRow(j, C) + 8 * c8) = p;
     }
