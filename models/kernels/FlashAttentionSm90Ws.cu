@@ -9,6 +9,9 @@
 // operand of S = q k^T, the lazy online softmax, O += P v with P from registers). Query tiles are
 // aligned to the end of the sequence, so the partial tile is the first rows (the cheapest), and the
 // heaviest tiles start first.
+// The `overlap` instantiation (a variant, not a default until measured) pipelines each consumer as
+// FlashAttention-3 does within a warpgroup: S = q k^T of key tile j is issued before O += P v of tile
+// j - 1, so the softmax of tile j runs while the tensor cores do that product; same output bitwise.
 //
 // Backward (flashBackwardSm90WsKernel): same math and outputs as flashBackwardSm90Q128Kernel
 // (FlashAttentionSm90.cu):
@@ -218,12 +221,137 @@ struct FwdMaps {
   CUtensorMap k, v;
 };
 
+#if MT_WGMMA
+// A consumer warp's side of the k / v ring: stage j's tiles, waiting for them, handing them back.
+// Every consumer warp waits for and hands back every stage, in order, also those its rows skip: an
+// arrival must not run ahead into the barrier's next phase.
+struct FwdRing {
+  const unsigned char* sm;
+  uint64_t *full, *empty;
+  int nKV, lane;
+  __device__ const unsigned char* stage(int j) const { return sm + (j % kFwdStages) * 2 * kKvTile; }
+  __device__ void waitFull(int j) const { tma::wait(full + j % kFwdStages, (j / kFwdStages) & 1); }
+  __device__ void release(int j) const {
+    __syncwarp();
+    if (lane == 0) tma::arrive(empty + j % kFwdStages);
+  }
+};
+
+// A consumer warp's 16 rows (rowBase + g and + 8 in this lane): where they are, and the online
+// softmax's running max m and sum l.
+struct FwdRows {
+  int rowBase, g, t4;
+  float sl2;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+};
+
+// S = q k^T for key tile k (q from registers), committed, not waited for.
 template <typename T>
+__device__ __forceinline__ void issueScores(float (&s)[kFwdKeys / 8][4], const uint32_t (&qa)[kD / 16][4],
+                                            const T* k) {
+  wg::fenceOperand(s);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    wg::Wgmma<kFwdKeys, T>::template rs<0>(s, qa[kk], wg::kmajor(k + kk * 16), kk);
+  wg::commit();
+}
+
+// The consumer's key loop, serial: S = q k^T, wait, the softmax, O += P v, wait, per tile; tiles
+// after gLast (the warpgroup's last row) are only waited for and handed back.
+template <typename T>
+__device__ __forceinline__ void fwdSerialLoop(const uint32_t (&qa)[kD / 16][4], float (&o)[kD / 8][4],
+                                              float (&s)[kFwdKeys / 8][4], FwdRows& r, const FwdRing& ring,
+                                              int gLast) {
+  for (int j = 0; j < ring.nKV; ++j) {
+    const int kBase = j * kFwdKeys;
+    ring.waitFull(j);
+    if (kBase <= gLast) {  // warpgroup-uniform: some key of the tile is at or before a row of the group
+      const T* k = reinterpret_cast<const T*>(ring.stage(j));
+      issueScores<T>(s, qa, k);
+      wg::wait<0>();
+      wg::fenceOperand(s);
+      softmaxThenPv<true, true, kFwdKeys, T>(s, o, r.m0, r.m1, r.l0, r.l1, k + kFwdKeys * kD, kBase,
+                                             r.rowBase, r.g, r.t4, r.sl2);
+      wg::wait<0>();  // before the stage goes back
+      wg::fenceOperand(o);
+    }
+    ring.release(j);
+  }
+}
+
+// The consumer's key loop with FlashAttention-3's intra-warpgroup overlap (the `overlap` variant):
+// S = q k^T of tile j is issued before O += P v of tile j - 1, and tile j's softmax runs while that
+// product is in flight; O's rescale for tile j waits for it, then P_j is packed for the next
+// iteration. O sees the same operations in the same order as the serial loop (O += P_{j-1} v_{j-1},
+// then O x alpha_j), so the output is bitwise the serial kernel's. nMine: the tiles the warpgroup's
+// rows reach (a prefix). Tile 0 is peeled off the loop: a wgmma wait in a branch of the loop body
+// made ptxas serialise every wgmma of the kernel (C7518).
+template <typename T>
+__device__ __forceinline__ void fwdOverlapLoop(const uint32_t (&qa)[kD / 16][4], float (&o)[kD / 8][4],
+                                               float (&s)[kFwdKeys / 8][4], FwdRows& r, const FwdRing& ring,
+                                               int nMine) {
+  constexpr int NT = kFwdKeys / 8;
+  uint32_t pa[kFwdKeys / 16][4];
+  const auto issuePv = [&](int j) {
+    const T* v = reinterpret_cast<const T*>(ring.stage(j)) + kFwdKeys * kD;
+    wg::fenceOperand(o);
+    wg::fence();
+#pragma unroll
+    for (int kc = 0; kc < kFwdKeys / 16; ++kc)
+      wg::Wgmma<kD, T>::template rs<1>(o, pa[kc], wg::mnmajor(v + kc * 16 * kD), 1);
+    wg::commit();
+  };
+  // Tile j's softmax; O x alpha_j once the product before it has landed (waitPv); P_j packed.
+  const auto softmaxStep = [&](int j, auto waitPv) {
+    wg::fenceOperand(s);
+    float alpha0, alpha1, u0, u1;
+    const bool rescale = softmaxRescale<true, true>(s, r.m0, r.m1, r.l0, r.l1, j * kFwdKeys, r.rowBase, r.g,
+                                                    r.t4, r.sl2, alpha0, alpha1, u0, u1);
+    softmaxExp<true>(s, r.l0, r.l1, u0, u1, r.sl2);
+    waitPv();
+    if (rescale) scaleRows(o, alpha0, alpha1);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
+      pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
+    }
+  };
+  if (nMine > 0) {  // tile 0: nothing in flight before it
+    ring.waitFull(0);
+    issueScores<T>(s, qa, reinterpret_cast<const T*>(ring.stage(0)));
+    wg::wait<0>();
+    softmaxStep(0, [] {});
+  }
+  for (int j = 1; j < nMine; ++j) {
+    ring.waitFull(j);
+    issueScores<T>(s, qa, reinterpret_cast<const T*>(ring.stage(j)));
+    issuePv(j - 1);
+    wg::wait<1>();  // S of tile j; O += P v of tile j - 1 stays in flight through the softmax
+    softmaxStep(j, [&] {
+      wg::wait<0>();
+      wg::fenceOperand(o);
+      ring.release(j - 1);
+    });
+  }
+  if (nMine > 0) {
+    issuePv(nMine - 1);
+    wg::wait<0>();
+    wg::fenceOperand(o);
+    ring.release(nMine - 1);
+  }
+  for (int j = nMine; j < ring.nKV; ++j) {  // tiles wholly after the warpgroup's rows
+    ring.waitFull(j);
+    ring.release(j);
+  }
+}
+#endif
+
+template <typename T, bool OVERLAP>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     flashForwardSm90WsKernel(const FwdArgs a, const __grid_constant__ FwdMaps m) {
 #if MT_WGMMA
   constexpr int NT = kFwdKeys / 8, DT = kD / 8;
-  using W = wg::Wgmma<kFwdKeys, T>;
   extern __shared__ __align__(16) unsigned char smemRaw[];
   unsigned char* sm = alignedSmem(smemRaw);
   uint64_t* full = reinterpret_cast<uint64_t*>(sm + kFwdOffBar);
@@ -271,33 +399,14 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
     s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const float sl2 = a.scale * kLog2e;
-
-  for (int j = 0; j < nKV; ++j) {
-    const int st = j % kFwdStages, kBase = j * kFwdKeys;
-    // Every consumer warp waits and hands back every stage, also those its rows skip: an
-    // arrival must not run ahead into the barrier's next phase.
-    tma::wait(full + st, (j / kFwdStages) & 1);
-    if (kBase <= gLast) {  // warpgroup-uniform: some key of the tile is at or before a row of the group
-      const T* k = reinterpret_cast<const T*>(sm + st * 2 * kKvTile);
-      const T* v = k + kFwdKeys * kD;
-      wg::fenceOperand(s);
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        W::template rs<0>(s, qa[kk], wg::kmajor(k + kk * 16), kk);
-      wg::commit();
-      wg::wait<0>();
-      wg::fenceOperand(s);
-      softmaxThenPv<true, true, kFwdKeys, T>(s, o, m0, m1, l0, l1, v, kBase, gFirst + wl * 16, g, t4, sl2);
-      wg::wait<0>();  // before the stage goes back
-      wg::fenceOperand(o);
-    }
-    __syncwarp();
-    if (lane == 0) tma::arrive(empty + st);
+  FwdRows r{gFirst + wl * 16, g, t4, a.scale * kLog2e};
+  const FwdRing ring{sm, full, empty, nKV, lane};
+  if constexpr (OVERLAP) {
+    fwdOverlapLoop<T>(qa, o, s, r, ring, gLast < 0 ? 0 : gLast / kFwdKeys + 1);  // tiles with kBase <= gLast
+  } else {
+    fwdSerialLoop<T>(qa, o, s, r, ring, gLast);
   }
-  if (gLast >= 0) storeRows(a, b, h, row0, t4, o, m0, m1, l0, l1);  // rows < 0 are skipped there too
+  if (gLast >= 0) storeRows(a, b, h, row0, t4, o, r.m0, r.m1, r.l0, r.l1);  // rows < 0 are skipped there too
 #else
   __trap();  // launched only where sm90KernelsUsable()
 #endif
@@ -330,15 +439,15 @@ CUtensorMap rowsMap(const void* p, int64_t sb, int64_t st, int64_t sh, int B, in
 
 }  // namespace
 
-template <typename T>
+template <typename T, bool OVERLAP>
 void launchForwardSm90Ws(const FwdArgs& args, int B, cudaStream_t s) {
   FwdMaps m;
   m.k = rowsMap<T>(args.k, args.ksb, args.kst, args.ksh, B, args.T, args.H, kFwdKeys, "k");
   m.v = rowsMap<T>(args.v, args.vsb, args.vst, args.vsh, B, args.T, args.H, kFwdKeys, "v");
   FwdArgs a = args;
   a.tileMajor = 1;
-  launchWithSmem(flashForwardSm90WsKernel<T>, tileGrid(1, B * a.H, (a.T + kFwdRows - 1) / kFwdRows), kFwdThreads,
-                 kFwdSmemBytes, false, s, a, m);
+  launchWithSmem(flashForwardSm90WsKernel<T, OVERLAP>, tileGrid(1, B * a.H, (a.T + kFwdRows - 1) / kFwdRows),
+                 kFwdThreads, kFwdSmemBytes, false, s, a, m);
 }
 
 template <typename T>
@@ -367,9 +476,11 @@ void launchBackwardSm90Ws(const BwdArgs& args, int B, cudaStream_t s) {
                  false, s, a, m);
 }
 
-template void launchForwardSm90Ws<__nv_bfloat16>(const FwdArgs&, int, cudaStream_t);
+template void launchForwardSm90Ws<__nv_bfloat16, false>(const FwdArgs&, int, cudaStream_t);
+template void launchForwardSm90Ws<__nv_bfloat16, true>(const FwdArgs&, int, cudaStream_t);
 template void launchBackwardSm90Ws<__nv_bfloat16>(const BwdArgs&, int, cudaStream_t);
-template void launchForwardSm90Ws<__half>(const FwdArgs&, int, cudaStream_t);
+template void launchForwardSm90Ws<__half, false>(const FwdArgs&, int, cudaStream_t);
+template void launchForwardSm90Ws<__half, true>(const FwdArgs&, int, cudaStream_t);
 template void launchBackwardSm90Ws<__half>(const BwdArgs&, int, cudaStream_t);
 
 }  // namespace mt::cuda::flash

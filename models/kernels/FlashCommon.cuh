@@ -235,9 +235,15 @@ __device__ __forceinline__ float treeReduce(float (&v)[N], F op) {
     for (int i = 0; i + w < N; i += 2 * w) v[i] = op(v[i], v[i + w]);
   return v[0];
 }
-template <bool LAZY = false, bool TREE = false, int NT, int DT>
-__device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1, float& l0,
-                                            float& l1, int kBase, int rowBase, int g, int t4, float sl2) {
+// softmaxTile in three pieces, for a caller that cannot touch O while a product into it is in
+// flight (the overlapped forward of FlashAttentionSm90Ws.cu): softmaxRescale masks S, finds the new
+// running max, multiplies l by its factor and says whether O must be multiplied too (by alpha0 /
+// alpha1; u0 / u1 are the offsets the exponentials subtract); softmaxExp makes P and adds it to l;
+// scaleRows multiplies O. softmaxTile runs them in its original order.
+template <bool LAZY, bool TREE, int NT>
+__device__ __forceinline__ bool softmaxRescale(float (&s)[NT][4], float& m0, float& m1, float& l0, float& l1,
+                                               int kBase, int rowBase, int g, int t4, float sl2,
+                                               float& alpha0, float& alpha1, float& u0, float& u1) {
   const int row0 = rowBase + g, row1 = row0 + 8;
   if (kBase + NT * 8 - 1 > rowBase) {  // the diagonal crosses this tile: mask key > row
 #pragma unroll
@@ -269,20 +275,28 @@ __device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4]
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
   const float n0 = fmaxf(m0, mx0 * sl2), n1 = fmaxf(m1, mx1 * sl2);
   // A row with nothing visible yet keeps -inf; use 0 so exp2 stays finite (all its p are 0).
-  float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+  u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
   // m == -inf (nothing seen yet) compares as a jump of +inf: the first tile always sets the max.
   if (!LAZY || __any_sync(0xffffffffu, n0 - m0 > kLazyMax || n1 - m1 > kLazyMax)) {
-    const float alpha0 = fastExp2(m0 - u0), alpha1 = fastExp2(m1 - u1);
+    alpha0 = fastExp2(m0 - u0), alpha1 = fastExp2(m1 - u1);
     m0 = n0, m1 = n1;
     l0 *= alpha0, l1 *= alpha1;
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      o[dt][0] *= alpha0, o[dt][1] *= alpha0;
-      o[dt][2] *= alpha1, o[dt][3] *= alpha1;
-    }
-  } else {
-    u0 = m0 == -INFINITY ? 0.f : m0, u1 = m1 == -INFINITY ? 0.f : m1;
+    return true;
   }
+  u0 = m0 == -INFINITY ? 0.f : m0, u1 = m1 == -INFINITY ? 0.f : m1;
+  return false;
+}
+template <int DT>
+__device__ __forceinline__ void scaleRows(float (&o)[DT][4], float alpha0, float alpha1) {
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+    o[dt][0] *= alpha0, o[dt][1] *= alpha0;
+    o[dt][2] *= alpha1, o[dt][3] *= alpha1;
+  }
+}
+template <bool TREE, int NT>
+__device__ __forceinline__ void softmaxExp(float (&s)[NT][4], float& l0, float& l1, float u0, float u1,
+                                           float sl2) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     s[nt][0] = fastExp2(fmaf(s[nt][0], sl2, -u0));
@@ -301,6 +315,15 @@ __device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4]
     const auto add = [](float x, float y) { return x + y; };
     l0 += treeReduce(a, add), l1 += treeReduce(b, add);
   }
+}
+template <bool LAZY = false, bool TREE = false, int NT, int DT>
+__device__ __forceinline__ void softmaxTile(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1,
+                                            float& l0, float& l1, int kBase, int rowBase, int g, int t4,
+                                            float sl2) {
+  float alpha0, alpha1, u0, u1;
+  if (softmaxRescale<LAZY, TREE>(s, m0, m1, l0, l1, kBase, rowBase, g, t4, sl2, alpha0, alpha1, u0, u1))
+    scaleRows(o, alpha0, alpha1);
+  softmaxExp<TREE>(s, l0, l1, u0, u1, sl2);
 }
 
 // Forward epilogue: rows row0 and row0 + 8 of O (an mma-layout accumulator, columns 8 dt + 2 t) divided
@@ -362,8 +385,10 @@ template <int ORDER, typename T>
 void launchBackwardSm90Q128(const BwdArgs& a, int B, cudaStream_t s);
 // The same products warp-specialized: a producer warpgroup copying by TMA into a 2-stage ring,
 // dQ added by tensor reduce-adds (FlashAttentionSm90Ws.cu).
-// Warp-specialized forward: a TMA producer warpgroup and 3 consumers of 64 queries.
-template <typename T>
+// Warp-specialized forward: a TMA producer warpgroup and 3 consumers of 64 queries; OVERLAP: each
+// consumer's softmax of key tile j under its O += P v of tile j - 1 (FlashAttention-3's
+// intra-warpgroup pipelining), bitwise the same output.
+template <typename T, bool OVERLAP>
 void launchForwardSm90Ws(const FwdArgs& a, int B, cudaStream_t s);
 template <typename T>
 void launchBackwardSm90Ws(const BwdArgs& a, int B, cudaStream_t s);

@@ -61,6 +61,37 @@ class FlashAttention(unittest.TestCase):
         if torch.cuda.get_device_capability() == (9, 0):
             self.assertNotEqual(names[1000], names[2048])
 
+    def test_overlapped_forward_is_bitwise_the_serial_one(self):
+        """FlashAttention-3's intra-warpgroup overlap (`fwd wgmma ws tma overlap`: the softmax of key
+        tile j under O += P v of tile j - 1) does the same operations on O in the same order as the
+        serial warp-specialized forward, so O and the log-sum-exp are bitwise equal; bf16 and f16,
+        T = 1, 17, 1000, 1024, 2048 (partial tiles, rows before the first key tile, and whole ones).
+        sm_90 only (both are wgmma kernels)."""
+        import attention_lab as lab
+        try:
+            fl = lab.Flash(os.environ.get("MT_ATTENTION_CAPI"))
+        except FileNotFoundError as e:
+            self.skipTest(str(e))
+        if torch.cuda.get_device_capability() != (9, 0):
+            self.skipTest("the warp-specialized kernels are built for sm_90a")
+        for dtype in (torch.bfloat16, torch.float16):
+            names = fl.variants(64, dtype, False)
+            serial, overlap = names.index("fwd wgmma ws tma"), names.index("fwd wgmma ws tma overlap")
+            for T in (1, 17, 1000, 1024, 2048):
+                gen = torch.Generator(device="cuda").manual_seed(T + 7)
+                q, k, v, _ = lab.make_inputs(3, T, 4, 64, dtype, T % 2 == 0, gen)
+                outs = []
+                for var in (serial, overlap):
+                    o = torch.full_like(q, float("nan"))
+                    lse = fl.lse(q).fill_(float("nan"))
+                    fl.forward(q, k, v, o, lse, var)
+                    torch.cuda.synchronize()
+                    outs.append((o, lse))
+                for name, a, b in zip(("o", "lse"), *outs):
+                    self.assertTrue(torch.equal(a.view(torch.uint8), b.view(torch.uint8)),
+                                    "%s T=%d: %s of the overlapped forward differs from the serial one" % (
+                                        str(dtype).split(".")[-1], T, name))
+
     def test_cudnn_backend_matches_float64(self):
         """cuDNN's fused attention through our graphs (model.attention = cudnn), the same cases,
         atomic and deterministic dQ."""
