@@ -61,14 +61,8 @@ void readFp8(const Config& c, const std::string& modelType, Settings& s) {
   if (f.enabled && !(l.qkv || l.proj || l.fc || l.fcProj))
     c.fail("fp8.layers", "names no layer: train.precision = fp8 would multiply nothing in FP8 (bf16 is that run)");
 }
-}  // namespace
 
-// Each key's kind, range and allowed names are checked by Config::validate() from the schema;
-// what is left here are the checks that involve several keys or more than a range.
-Settings Settings::fromConfig(const Config& c) {
-  c.validate();
-  Settings s;
-  // run
+void readRun(const Config& c, Settings& s) {
   s.runName = c.str("run.name");
   // The run directory must be a folder of its own inside run.dir: with "." (run.dir itself) or ".."
   // (its parent) the run's lock, files and checkpoints landed outside any run directory.
@@ -83,8 +77,9 @@ Settings Settings::fromConfig(const Config& c) {
   s.trace = c.flag("run.trace");
   // MT_LOG_LEVEL wins over run.log_level; an unknown name there is refused, not ignored.
   setLogLevel(envLogLevel(enumOf(c, "run.log_level", logLevels())));
+}
 
-  // model
+void readModel(const Config& c, Settings& s) {
   ModelConfig& m = s.model;
   m.type = c.str("model.type");
   m.hidden = c.i64List("model.hidden");
@@ -112,8 +107,9 @@ Settings Settings::fromConfig(const Config& c) {
     s.gpt.vocab = c.i64("model.vocab_size");  // 0: from the data file
     s.gpt.paddedVocab = c.i64("model.padded_vocab");
   }
+}
 
-  // data
+void readData(const Config& c, Settings& s) {
   s.dataPath = c.str("data.path");
   s.trainSplit = c.str("data.train_split");
   s.testSplit = c.str("data.test_split");
@@ -127,8 +123,9 @@ Settings Settings::fromConfig(const Config& c) {
   s.loader.shuffle = c.flag("data.shuffle");
   s.loader.dropLast = true;
   s.loader.seed = s.seed;
+}
 
-  // train
+void readTrain(const Config& c, Settings& s) {
   s.epochs = c.i64("train.epochs");
   s.maxSteps = c.i64("train.max_steps");
   if (s.maxSteps == 0 && s.epochs <= 0) c.fail("train.epochs", "must be positive when train.max_steps = 0");
@@ -146,7 +143,7 @@ Settings Settings::fromConfig(const Config& c) {
   s.precision = c.str("train.precision");
   if (s.precision != "f32" && s.precision != "fp8" && s.device != "cuda")
     c.fail("train.precision", "bf16 and f16 need train.device = cuda");
-  readFp8(c, m.type, s);
+  readFp8(c, s.model.type, s);
   s.lossScaleInit = c.f64("train.loss_scale_init");
   s.lossScaleGrowthInterval = c.i64("train.loss_scale_growth_interval");
   s.memoryCapMb = c.i64("train.memory_cap_mb");
@@ -159,13 +156,15 @@ Settings Settings::fromConfig(const Config& c) {
   s.qat = c.flag("train.qat");
   s.qatObserver = c.str("train.qat_observer");
   s.qatObserveSteps = c.i64("train.qat_observe_steps");
-  if (s.qat && m.type == "gpt") c.fail("train.qat", "int8 quantization-aware training supports model.type mlp and cnn");
+  if (s.qat && s.model.type == "gpt")
+    c.fail("train.qat", "int8 quantization-aware training supports model.type mlp and cnn");
   if (s.qat && s.precision != "f32") c.fail("train.qat", "fake quantization runs on f32 activations: needs train.precision = f32");
-  if (s.gpt.checkpointing != ActivationCheckpointing::kNone && m.type != "gpt")
+  if (s.gpt.checkpointing != ActivationCheckpointing::kNone && s.model.type != "gpt")
     c.fail("train.activation_checkpointing", "recomputes transformer blocks: needs model.type = gpt");
   s.peakFlops = c.f64("train.peak_flops");
+}
 
-  // optim
+void readOptim(const Config& c, Settings& s) {
   OptimConfig& o = s.optim;
   o.type = c.str("optim.type");
   o.weightDecay = static_cast<float>(c.f64("optim.weight_decay"));
@@ -179,8 +178,9 @@ Settings Settings::fromConfig(const Config& c) {
   s.schedule.baseLr = static_cast<float>(c.f64("optim.lr"));
   s.schedule.minLr = static_cast<float>(c.f64("schedule.min_lr"));
   s.schedule.warmupSteps = c.i64("schedule.warmup_steps");
+}
 
-  // dist
+void readDist(const Config& c, Settings& s) {
   s.backend = c.str("dist.backend");
   s.dp.bucketCapMb = c.f64("dist.bucket_cap_mb");
   s.dp.firstBucketMb = c.f64("dist.first_bucket_mb");
@@ -199,8 +199,9 @@ Settings Settings::fromConfig(const Config& c) {
   co.topkFraction = c.f64("compression.topk_fraction");
   co.topkWarmupSteps = c.i64("compression.topk_warmup_steps");
   co.seed = s.seed;
+}
 
-  // sharding
+void readSharding(const Config& c, Settings& s) {
   s.sharding.strategy = enumOf(c, "sharding.strategy", shardStrategies());
   if (s.qat && s.sharding.strategy != ShardStrategy::kNoShard)
     c.fail("train.qat", "fake quantization reads whole weights: needs sharding.strategy = no_shard");
@@ -223,11 +224,12 @@ Settings Settings::fromConfig(const Config& c) {
   s.sharding.delayedUpdate = c.flag("sharding.delayed_update");
   if (s.sharding.delayedUpdate && !s.sharding.offloadCpu)
     c.fail("sharding.delayed_update", "needs sharding.offload = cpu (it overlaps the CPU step)");
-  if (co.method != CompressionMethod::kNone && s.sharding.strategy != ShardStrategy::kNoShard)
+  if (s.compression.method != CompressionMethod::kNone && s.sharding.strategy != ShardStrategy::kNoShard)
     c.fail("compression.method", "compresses the data-parallel all-reduce; sharded strategies reduce-scatter "
                                  "uncompressed (use sharding.reduce_dtype = bf16 to halve their traffic)");
+}
 
-  // checkpoint
+void readCheckpoint(const Config& c, Settings& s) {
   s.checkpointDir = c.str("checkpoint.dir");
   if (s.checkpointDir.empty()) s.checkpointDir = s.runDir + "/checkpoints";
   s.checkpointInterval = c.i64("checkpoint.interval");
@@ -236,8 +238,9 @@ Settings Settings::fromConfig(const Config& c) {
   if (s.resume.empty()) c.fail("checkpoint.resume", "expected auto, never or a checkpoint directory");
   s.checkpointAtExit = c.flag("checkpoint.at_exit");
   s.checkpointTimeout = std::chrono::seconds(c.i64("checkpoint.timeout_s"));
+}
 
-  // topo
+void readTopo(const Config& c, Settings& s) {
   s.topoFile = c.str("topo.file");
   s.profile = c.str("topo.profile");
   s.hierarchical = c.flag("topo.hierarchical");
@@ -245,8 +248,27 @@ Settings Settings::fromConfig(const Config& c) {
   s.bindNic = c.flag("topo.bind_nic");
   s.topoReport = c.flag("topo.report");
   s.nodeRanks = static_cast<int>(c.i64("topo.node_ranks"));
-  if (s.hierarchical && co.method != CompressionMethod::kNone)
+  if (s.hierarchical && s.compression.method != CompressionMethod::kNone)
     c.fail("compression.method", "cannot be combined with topo.hierarchical (choose one)");
+}
+}  // namespace
+
+// Each key's kind, range and allowed names are checked by Config::validate() from the schema;
+// what is left here are the checks that involve several keys or more than a range.
+Settings Settings::fromConfig(const Config& c) {
+  c.validate();
+  Settings s;
+  // In this order: a section's checks may read what an earlier one set (the model type, the
+  // precision, the compression method), and the first failing key is the one reported.
+  readRun(c, s);
+  readModel(c, s);
+  readData(c, s);
+  readTrain(c, s);
+  readOptim(c, s);
+  readDist(c, s);
+  readSharding(c, s);
+  readCheckpoint(c, s);
+  readTopo(c, s);
   return s;
 }
 
