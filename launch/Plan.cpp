@@ -219,6 +219,120 @@ void checkGptScale(const GptConfig& g) {
         "model.heads, model.seq_len, model.vocab_size)");
 }
 
+// The model: parameters, sharding units and what a forward of one micro-batch keeps.
+struct ModelPlan {
+  int64_t params = 0;
+  std::vector<int64_t> units;
+  ActivationPlan act;
+  std::string name, transients = "backward transients (largest layer)";
+};
+
+ModelPlan planModel(const Settings& s, Config& cfg, const PlanContext& pc, int64_t micro, bool sharded) {
+  H5File file = H5File::open(s.dataPath, FileLocking::kAuto);
+  ModelPlan mp;
+  if (s.model.type == "gpt") {
+    TokenDataset train(file, s.trainSplit, s.gpt.maxT, 1);
+    const GptConfig g = s.gptForData(train.vocabSize(), cfg);
+    checkGptScale(g);
+    mp.params = g.numParams();
+    mp.units = unitSizes(Gpt(g).params());  // the table's shapes only: nothing is materialized
+    checkActivationScale(Gpt::planActivations(g, 1, g.maxT, pc, sharded), micro, cfg);
+    mp.act = Gpt::planActivations(g, micro, g.maxT, pc, sharded);
+    if (g.checkpointedBlocks() > 0)
+      mp.transients = g.checkpointing == ActivationCheckpointing::kPointwise
+                          ? "backward transients (largest layer + the GELU output recomputed)"
+                          : "backward transients (largest layer + the block recomputed)";
+    mp.name = "gpt (" + std::to_string(g.layers) + " x " + std::to_string(g.channels) + ", vocabulary " +
+              std::to_string(g.vocab) + ")";
+    return mp;
+  }
+  ImageDataset train(file, s.trainSplit, 1);
+  const InputSpec in = train.spec();
+  std::unique_ptr<Model> m = buildImageModel(s.model, in);
+  mp.params = m->params().numel();
+  mp.units = unitSizes(m->params());
+  const Sequential& seq = static_cast<Sequential&>(*m);
+  checkActivationScale(seq.planActivations({1, in.height, in.width, in.channels}, pc), micro, cfg);
+  mp.act = seq.planActivations({micro, in.height, in.width, in.channels}, pc);
+  if (pc.device.isCuda() && pc.matmul != DType::kF32)
+    mp.act.add("weight casts", mp.params * static_cast<int64_t>(dtypeSize(pc.matmul)));
+  mp.name = s.model.type;
+  return mp;
+}
+
+// Parameters, gradients, optimizer state (replicated, or 1/S of them per rank in a shard group),
+// activations, transients and the GEMM workspace.
+std::vector<Row> planRows(const Settings& s, const PlanArgs& pa, const ModelPlan& mp) {
+  const ShardStrategy strat = s.sharding.strategy;
+  const bool sharded = strat != ShardStrategy::kNoShard, cuda = s.device == "cuda";
+  const int64_t ranks = pa.ranks;
+  // hybrid_shard's shard group is a node: training refuses nodes of different sizes (the topology
+  // check at setup), so the plan does too.
+  if (sharded && strat == ShardStrategy::kHybridShard && ranks > pa.gpusPerNode && ranks % pa.gpusPerNode != 0)
+    throw ConfigError(
+        "plan: --ranks " + std::to_string(ranks) + " over nodes of --gpus-per-node " +
+        std::to_string(pa.gpusPerNode) +
+        ": hybrid_shard needs every node to hold the same number of ranks (ranks a multiple of it)");
+  const int64_t S = !sharded                               ? 1
+                    : strat == ShardStrategy::kHybridShard ? std::min(ranks, pa.gpusPerNode)
+                                                           : ranks;
+  const int64_t stateBytesPerParam = s.optim.type == "adamw" ? 8 : (s.optim.momentum > 0 ? 4 : 0);
+  std::vector<Row> rows;
+  if (sharded) {
+    addShardedRows(ShardRows{s, mp.units, S, cuda}, stateBytesPerParam, s.model.type == "gpt" ? 1 : 0, rows);
+  } else {
+    rows.push_back({"parameters (f32 master)", mp.params * 4, true});
+    rows.push_back(gradientRow(s, mp.units, mp.act.total(), s.model.type == "gpt", cuda, mp.params * 4));
+    rows.push_back({"optimizer state (" + s.optim.type + ")", mp.params * stateBytesPerParam, true});
+  }
+  for (const auto& kv : mp.act.byKind)
+    rows.push_back({"activations: " + kv.first, kv.second, true});
+  rows.push_back({mp.transients, mp.act.transientBytes, true});
+  if (cuda) rows.push_back({"cuBLASLt workspace", int64_t{32} << 20, true});
+  return rows;
+}
+
+void printPlan(const Settings& s, const PlanArgs& pa, const ModelPlan& mp, int64_t micro,
+               const std::vector<Row>& rows) {
+  int64_t device = 0, host = 0;
+  for (const Row& r : rows)
+    (r.device ? device : host) += r.bytes;
+  const double deviceGiB = static_cast<double>(device) / static_cast<double>(int64_t{1} << 30);
+  const char* strategy = shardStrategyName(s.sharding.strategy);
+  if (pa.json) {
+    nlohmann::json j = {{"model", mp.name},
+                        {"parameters", mp.params},
+                        {"ranks", pa.ranks},
+                        {"strategy", strategy},
+                        {"device", s.device},
+                        {"precision", s.precision},
+                        {"micro_batch", micro},
+                        {"grad_accum_steps", s.gradAccum},
+                        {"activation_bytes", mp.act.total()},
+                        {"device_bytes", device},
+                        {"host_bytes", host}};
+    nlohmann::json items = nlohmann::json::array();
+    for (const Row& r : rows) items.push_back({{"what", r.what}, {"bytes", r.bytes}, {"device", r.device}});
+    j["items"] = items;
+    if (pa.gpuMemoryGiB > 0) j["fits"] = deviceGiB <= pa.gpuMemoryGiB;
+    std::cout << j.dump() << "\n";
+    return;
+  }
+  std::printf("memory plan per rank: %s, %lld parameters; %lld rank(s), %s, %s %s, micro-batch %lld x %lld\n",
+              mp.name.c_str(), static_cast<long long>(mp.params), static_cast<long long>(pa.ranks), strategy,
+              s.device.c_str(), s.precision.c_str(), static_cast<long long>(micro),
+              static_cast<long long>(s.gradAccum));
+  for (const Row& r : rows)
+    std::printf("  %-52s %12s%s\n", r.what.c_str(), formatBytes(r.bytes).c_str(), r.device ? "" : "  (host)");
+  std::printf("  %-52s %12s\n", s.device == "cuda" ? "total on the GPU" : "total",
+              formatBytes(device).c_str());
+  if (host) std::printf("  %-52s %12s\n", "total on the host (offload)", formatBytes(host).c_str());
+  if (pa.gpuMemoryGiB > 0)
+    std::printf("%s a %.1f GiB GPU (%.1f GiB planned, %.0f %%)\n",
+                deviceGiB <= pa.gpuMemoryGiB ? "fits" : "does NOT fit", pa.gpuMemoryGiB, deviceGiB,
+                100.0 * deviceGiB / pa.gpuMemoryGiB);
+}
+
 }  // namespace
 
 int planCommand(const std::vector<std::string>& args) {
@@ -234,106 +348,12 @@ int planCommand(const std::vector<std::string>& args) {
               : cuda && s.precision == "f16"                          ? DType::kF16
                                                                       : DType::kF32;
   if (s.globalBatch % ranks != 0 || (s.globalBatch / ranks) % s.gradAccum != 0)
-    cfg.fail("train.batch_size", "the global batch " + std::to_string(s.globalBatch) + " does not split over " +
-                                     std::to_string(ranks) + " ranks x " + std::to_string(s.gradAccum) +
-                                     " micro-batches");
+    cfg.fail("train.batch_size", "the global batch " + std::to_string(s.globalBatch) +
+                                     " does not split over " + std::to_string(ranks) + " ranks x " +
+                                     std::to_string(s.gradAccum) + " micro-batches");
   const int64_t micro = s.globalBatch / ranks / s.gradAccum;
-  const ShardStrategy strat = s.sharding.strategy;
-  const bool sharded = strat != ShardStrategy::kNoShard;
-
-  // The model: parameters and what a forward of one micro-batch keeps.
-  H5File file = H5File::open(s.dataPath, FileLocking::kAuto);
-  int64_t P = 0;
-  std::vector<int64_t> units;
-  ActivationPlan act;
-  std::string modelName, transients = "backward transients (largest layer)";
-  if (s.model.type == "gpt") {
-    TokenDataset train(file, s.trainSplit, s.gpt.maxT, 1);
-    const GptConfig g = s.gptForData(train.vocabSize(), cfg);
-    checkGptScale(g);
-    P = g.numParams();
-    const int64_t C = g.channels;
-    units = unitSizes(Gpt(g).params());  // the table's shapes only: nothing is materialized
-    checkActivationScale(Gpt::planActivations(g, 1, g.maxT, pc, sharded), micro, cfg);
-    act = Gpt::planActivations(g, micro, g.maxT, pc, sharded);
-    if (g.checkpointedBlocks() > 0)
-      transients = g.checkpointing == ActivationCheckpointing::kPointwise
-                       ? "backward transients (largest layer + the GELU output recomputed)"
-                       : "backward transients (largest layer + the block recomputed)";
-    modelName = "gpt (" + std::to_string(g.layers) + " x " + std::to_string(C) + ", vocabulary " +
-                std::to_string(g.vocab) + ")";
-  } else {
-    ImageDataset train(file, s.trainSplit, 1);
-    const InputSpec in = train.spec();
-    std::unique_ptr<Model> m = buildImageModel(s.model, in);
-    P = m->params().numel();
-    units = unitSizes(m->params());
-    const Sequential& seq = static_cast<Sequential&>(*m);
-    checkActivationScale(seq.planActivations({1, in.height, in.width, in.channels}, pc), micro, cfg);
-    act = seq.planActivations({micro, in.height, in.width, in.channels}, pc);
-    if (cuda && pc.matmul != DType::kF32) act.add("weight casts", P * static_cast<int64_t>(dtypeSize(pc.matmul)));
-    modelName = s.model.type;
-  }
-
-  // hybrid_shard's shard group is a node: training refuses nodes of different sizes (the topology
-  // check at setup), so the plan does too.
-  if (sharded && strat == ShardStrategy::kHybridShard && ranks > pa.gpusPerNode && ranks % pa.gpusPerNode != 0)
-    throw ConfigError("plan: --ranks " + std::to_string(ranks) + " over nodes of --gpus-per-node " +
-                      std::to_string(pa.gpusPerNode) +
-                      ": hybrid_shard needs every node to hold the same number of ranks (ranks a multiple of it)");
-  // Parameters, gradients, optimizer state: replicated, or 1/S of them per rank in a shard group.
-  const int64_t S = !sharded                               ? 1
-                    : strat == ShardStrategy::kHybridShard ? std::min(ranks, pa.gpusPerNode)
-                                                           : ranks;
-  const int64_t stateBytesPerParam = s.optim.type == "adamw" ? 8 : (s.optim.momentum > 0 ? 4 : 0);
-  std::vector<Row> rows;
-  if (sharded) {
-    addShardedRows(ShardRows{s, units, S, cuda}, stateBytesPerParam, s.model.type == "gpt" ? 1 : 0, rows);
-  } else {
-    rows.push_back({"parameters (f32 master)", P * 4, true});
-    rows.push_back(gradientRow(s, units, act.total(), s.model.type == "gpt", cuda, P * 4));
-    rows.push_back({"optimizer state (" + s.optim.type + ")", P * stateBytesPerParam, true});
-  }
-  for (const auto& kv : act.byKind)
-    rows.push_back({"activations: " + kv.first, kv.second, true});
-  rows.push_back({transients, act.transientBytes, true});
-  if (cuda) rows.push_back({"cuBLASLt workspace", int64_t{32} << 20, true});
-
-  int64_t device = 0, host = 0;
-  for (const Row& r : rows) (r.device ? device : host) += r.bytes;
-  const int64_t activations = act.total();
-  const double deviceGiB = static_cast<double>(device) / static_cast<double>(int64_t{1} << 30);
-  if (pa.json) {
-    nlohmann::json j = {{"model", modelName},
-                        {"parameters", P},
-                        {"ranks", ranks},
-                        {"strategy", shardStrategyName(strat)},
-                        {"device", s.device},
-                        {"precision", s.precision},
-                        {"micro_batch", micro},
-                        {"grad_accum_steps", s.gradAccum},
-                        {"activation_bytes", activations},
-                        {"device_bytes", device},
-                        {"host_bytes", host}};
-    nlohmann::json items = nlohmann::json::array();
-    for (const Row& r : rows) items.push_back({{"what", r.what}, {"bytes", r.bytes}, {"device", r.device}});
-    j["items"] = items;
-    if (pa.gpuMemoryGiB > 0) j["fits"] = deviceGiB <= pa.gpuMemoryGiB;
-    std::cout << j.dump() << "\n";
-  } else {
-    std::printf("memory plan per rank: %s, %lld parameters; %lld rank(s), %s, %s %s, micro-batch %lld x %lld\n",
-                modelName.c_str(), static_cast<long long>(P), static_cast<long long>(ranks), shardStrategyName(strat),
-                s.device.c_str(), s.precision.c_str(), static_cast<long long>(micro),
-                static_cast<long long>(s.gradAccum));
-    for (const Row& r : rows)
-      std::printf("  %-52s %12s%s\n", r.what.c_str(), formatBytes(r.bytes).c_str(), r.device ? "" : "  (host)");
-    std::printf("  %-52s %12s\n", cuda ? "total on the GPU" : "total", formatBytes(device).c_str());
-    if (host) std::printf("  %-52s %12s\n", "total on the host (offload)", formatBytes(host).c_str());
-    if (pa.gpuMemoryGiB > 0)
-      std::printf("%s a %.1f GiB GPU (%.1f GiB planned, %.0f %%)\n",
-                  deviceGiB <= pa.gpuMemoryGiB ? "fits" : "does NOT fit", pa.gpuMemoryGiB, deviceGiB,
-                  100.0 * deviceGiB / pa.gpuMemoryGiB);
-  }
+  const ModelPlan mp = planModel(s, cfg, pc, micro, s.sharding.strategy != ShardStrategy::kNoShard);
+  printPlan(s, pa, mp, micro, planRows(s, pa, mp));
   return 0;
 }
 
