@@ -128,11 +128,15 @@ int topoCommand(const std::vector<std::string>& args) {
 
 // trainer predict --topo X.xml [--profile NAME|PATH] [--params N] [--grad-bytes B] [--compute-ms C]
 //   [--backward-fraction F] [--bucket-mb M] [--nodes 1,2,4,...] [--intra-gbs G] [--csv] [--hierarchical]
-int predictCommand(const std::vector<std::string>& args) {
+struct PredictArgs {
   std::string topo, profileName;
   std::vector<int64_t> nodesList = {1, 2, 4, 8, 16, 32, 64};
   double params = 124e6, gradBytes = 2, computeMs = 100, backwardFraction = 2.0 / 3.0, bucketMb = 25, intraGBs = 0;
   bool csv = false, hierarchical = false;
+};
+
+PredictArgs parsePredictArgs(const std::vector<std::string>& args) {
+  PredictArgs p;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string a = args[i];
     auto next = [&]() -> std::string {
@@ -143,116 +147,153 @@ int predictCommand(const std::vector<std::string>& args) {
     // nodes a negative GPU count, a backward fraction of 5 a step with more overlap than compute.
     auto number = [&](double hi) { return mt::numberOption("predict", a, next(), 0, hi, /*loOpen=*/true); };
     if (a == "--topo")
-      topo = next();
+      p.topo = next();
     else if (a == "--profile")
-      profileName = next();
+      p.profileName = next();
     else if (a == "--params")
-      params = number(1e15);
+      p.params = number(1e15);
     else if (a == "--grad-bytes")
-      gradBytes = number(16);
+      p.gradBytes = number(16);
     else if (a == "--compute-ms")
-      computeMs = number(1e9);
+      p.computeMs = number(1e9);
     else if (a == "--backward-fraction")
-      backwardFraction = number(1);
+      p.backwardFraction = number(1);
     else if (a == "--bucket-mb")
-      bucketMb = number(1 << 20);
+      p.bucketMb = number(1 << 20);
     else if (a == "--nodes")
-      nodesList = mt::integerListOption("predict", a, next(), 1, 1 << 20);
+      p.nodesList = mt::integerListOption("predict", a, next(), 1, 1 << 20);
     else if (a == "--intra-gbs")
-      intraGBs = number(1e6);  // files without NVLink (Azure's) on NVSwitch machines
+      p.intraGBs = number(1e6);  // files without NVLink (Azure's) on NVSwitch machines
     else if (a == "--csv")
-      csv = true;
+      p.csv = true;
     else if (a == "--hierarchical")
-      hierarchical = true;
+      p.hierarchical = true;
     else
       throw mt::ConfigError("predict: unknown argument '" + a + "' (trainer predict --help for usage)");
   }
-  if (topo.empty()) throw mt::ConfigError("predict: --topo X.xml is required");
-  mt::Topology t = mt::Topology::load(topo);
+  if (p.topo.empty()) throw mt::ConfigError("predict: --topo X.xml is required");
+  return p;
+}
+
+mt::CostModel predictModel(const PredictArgs& p) {
+  mt::Topology t = mt::Topology::load(p.topo);
   std::unique_ptr<mt::Profile> profile;
-  if (!profileName.empty()) {
+  if (!p.profileName.empty()) {
     std::string dir = mt::envString(mt::EnvParam::kProfileDir);
     if (dir.empty()) dir = MT_DEFAULT_PROFILE_DIR;
-    profile = std::make_unique<mt::Profile>(mt::Profile::load(profileName, dir));
+    profile = std::make_unique<mt::Profile>(mt::Profile::load(p.profileName, dir));
   }
   mt::MachineSpec spec = mt::CostModel::specFrom(t, profile.get());
-  if (intraGBs > 0) {
-    spec.intraGBs = intraGBs;
+  if (p.intraGBs > 0) {
+    spec.intraGBs = p.intraGBs;
     spec.nvlink = true;
   }
   mt::CostModel model(spec);
   // The cost model counts GPUs in an int; 2^24 is beyond any machine.
-  for (const int64_t n : nodesList)
+  for (const int64_t n : p.nodesList)
     if (n * model.spec().gpusPerNode > (int64_t{1} << 24))
       throw mt::ConfigError("predict: --nodes " + std::to_string(n) + ": " + std::to_string(n) +
                             " nodes of " + std::to_string(model.spec().gpusPerNode) +
                             " GPUs are more than 16777216 GPUs");
-  const double grads = params * gradBytes;
-  if (csv) std::printf("nodes,gpus,fabric,busbw_gbs,comm_ms,exposed_ms,step_ms,efficiency,busbw_1g_gbs\n");
-  else std::printf("# %s\n# gradients %.0f MB, buckets %.0f MB, compute %.1f ms/step (backward %.0f%%)\n# %5s %5s %10s %10s %10s %10s %10s %10s\n",
-                   model.spec().str().c_str(), grads / 1e6, bucketMb, computeMs, backwardFraction * 100, "nodes", "gpus",
-                   "busbw", "comm ms", "exposed", "step ms", "eff", "busbw 1GiB");
-  for (const int64_t n : nodesList) {
+  return model;
+}
+
+void printStepTable(const PredictArgs& p, const mt::CostModel& model) {
+  const double grads = p.params * p.gradBytes;
+  if (p.csv)
+    std::printf("nodes,gpus,fabric,busbw_gbs,comm_ms,exposed_ms,step_ms,efficiency,busbw_1g_gbs\n");
+  else
+    std::printf(
+        "# %s\n# gradients %.0f MB, buckets %.0f MB, compute %.1f ms/step (backward %.0f%%)\n# %5s %5s %10s "
+        "%10s "
+        "%10s %10s %10s %10s\n",
+        model.spec().str().c_str(), grads / 1e6, p.bucketMb, p.computeMs, p.backwardFraction * 100, "nodes",
+        "gpus", "busbw", "comm ms", "exposed", "step ms", "eff", "busbw 1GiB");
+  for (const int64_t n : p.nodesList) {
     const int nodes = static_cast<int>(n);
-    mt::StepEstimate e = model.step(grads, bucketMb * 1024 * 1024, computeMs, backwardFraction, nodes);
+    mt::StepEstimate e = model.step(grads, p.bucketMb * 1024 * 1024, p.computeMs, p.backwardFraction, nodes);
     const int gpus = nodes * model.spec().gpusPerNode;
     // A large all-reduce (nccl-tests' 1 GiB point): the bandwidth regime, where fabrics differ.
     const double big = model.allReduce(1024.0 * 1024 * 1024, nodes).busGBs;
-    if (csv) std::printf("%d,%d,%s,%.2f,%.3f,%.3f,%.3f,%.4f,%.2f\n", nodes, gpus, mt::fabricName(model.spec().fabric), e.busGBs,
-                         e.commMs, e.exposedMs, e.stepMs, e.efficiency, big);
-    else std::printf("  %5d %5d %10.1f %10.2f %10.2f %10.2f %10.3f %10.1f\n", nodes, gpus, e.busGBs, e.commMs, e.exposedMs,
-                     e.stepMs, e.efficiency, big);
+    if (p.csv)
+      std::printf("%d,%d,%s,%.2f,%.3f,%.3f,%.3f,%.4f,%.2f\n", nodes, gpus,
+                  mt::fabricName(model.spec().fabric), e.busGBs, e.commMs, e.exposedMs, e.stepMs,
+                  e.efficiency, big);
+    else
+      std::printf("  %5d %5d %10.1f %10.2f %10.2f %10.2f %10.3f %10.1f\n", nodes, gpus, e.busGBs, e.commMs,
+                  e.exposedMs, e.stepMs, e.efficiency, big);
   }
-  if (hierarchical) {  // flat NCCL all-reduce against comm/Hierarchy's three phases, per bucket and at 1 GiB
-    const double bucket = bucketMb * 1024 * 1024, gib = 1024.0 * 1024 * 1024;
-    if (csv) std::printf("nodes,gpus,bucket_flat_us,bucket_hier_us,gib_flat_ms,gib_hier_ms\n");
-    else std::printf("# all-reduce, flat (NCCL over all GPUs) vs hierarchical (node RS, rail AR, node AG)\n"
-                     "# %5s %5s %14s %14s %12s %12s\n", "nodes", "gpus", "bucket flat us", "bucket hier us",
-                     "1GiB flat ms", "1GiB hier ms");
-    for (const int64_t n : nodesList) {
-      const int nodes = static_cast<int>(n);
-      const int gpus = nodes * model.spec().gpusPerNode;
-      const double bf = model.allReduce(bucket, nodes).us, bh = model.hierarchicalAllReduce(bucket, nodes).us;
-      const double gf = model.allReduce(gib, nodes).us / 1e3, gh = model.hierarchicalAllReduce(gib, nodes).us / 1e3;
-      if (csv) std::printf("%d,%d,%.1f,%.1f,%.3f,%.3f\n", nodes, gpus, bf, bh, gf, gh);
-      else std::printf("  %5d %5d %14.1f %14.1f %12.2f %12.2f\n", nodes, gpus, bf, bh, gf, gh);
-    }
+}
+
+// Flat NCCL all-reduce against comm/Hierarchy's three phases, per bucket and at 1 GiB.
+void printHierarchical(const PredictArgs& p, const mt::CostModel& model) {
+  const double bucket = p.bucketMb * 1024 * 1024, gib = 1024.0 * 1024 * 1024;
+  if (p.csv)
+    std::printf("nodes,gpus,bucket_flat_us,bucket_hier_us,gib_flat_ms,gib_hier_ms\n");
+  else
+    std::printf(
+        "# all-reduce, flat (NCCL over all GPUs) vs hierarchical (node RS, rail AR, node AG)\n"
+        "# %5s %5s %14s %14s %12s %12s\n",
+        "nodes", "gpus", "bucket flat us", "bucket hier us", "1GiB flat ms", "1GiB hier ms");
+  for (const int64_t n : p.nodesList) {
+    const int nodes = static_cast<int>(n);
+    const int gpus = nodes * model.spec().gpusPerNode;
+    const double bf = model.allReduce(bucket, nodes).us, bh = model.hierarchicalAllReduce(bucket, nodes).us;
+    const double gf = model.allReduce(gib, nodes).us / 1e3,
+                 gh = model.hierarchicalAllReduce(gib, nodes).us / 1e3;
+    if (p.csv)
+      std::printf("%d,%d,%.1f,%.1f,%.3f,%.3f\n", nodes, gpus, bf, bh, gf, gh);
+    else
+      std::printf("  %5d %5d %14.1f %14.1f %12.2f %12.2f\n", nodes, gpus, bf, bh, gf, gh);
   }
+}
+
+int predictCommand(const std::vector<std::string>& args) {
+  const PredictArgs p = parsePredictArgs(args);
+  const mt::CostModel model = predictModel(p);
+  printStepTable(p, model);
+  if (p.hierarchical) printHierarchical(p, model);
   return 0;
 }
 
-int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "topo" || args[0] == "predict" || args[0] == "export" || args[0] == "plan" ||
-                        args[0] == "logits")) {
-    try {
-      std::vector<std::string> rest(args.begin() + 1, args.end());
-      if (wantsHelp(rest)) {
-        std::fputs(args[0] == "topo"      ? kTopoUsage
-                   : args[0] == "predict" ? kPredictUsage
-                   : args[0] == "plan"    ? mt::kPlanUsage
-                   : args[0] == "logits"  ? mt::kLogitsUsage
-                                          : mt::kExportUsage,
-                   stdout);
-        return 0;
-      }
-      if (args[0] == "export") return mt::exportCommand(rest);
-      if (args[0] == "logits") return mt::logitsCommand(rest);
-      if (args[0] == "plan") return mt::planCommand(rest);
-      return args[0] == "topo" ? topoCommand(rest) : predictCommand(rest);
-    } catch (const mt::Error& e) {
-      mt::writeLine(std::string("error: ") + e.what());
-      return static_cast<int>(e.exitCode());
+bool isSubcommand(const std::vector<std::string>& args) {
+  return !args.empty() && (args[0] == "topo" || args[0] == "predict" || args[0] == "export" ||
+                           args[0] == "plan" || args[0] == "logits");
+}
+
+// trainer topo | predict | export | plan | logits: no MPI, one process.
+int runSubcommand(const std::vector<std::string>& args) {
+  try {
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (wantsHelp(rest)) {
+      std::fputs(args[0] == "topo"      ? kTopoUsage
+                 : args[0] == "predict" ? kPredictUsage
+                 : args[0] == "plan"    ? mt::kPlanUsage
+                 : args[0] == "logits"  ? mt::kLogitsUsage
+                                        : mt::kExportUsage,
+                 stdout);
+      return 0;
     }
+    if (args[0] == "export") return mt::exportCommand(rest);
+    if (args[0] == "logits") return mt::logitsCommand(rest);
+    if (args[0] == "plan") return mt::planCommand(rest);
+    return args[0] == "topo" ? topoCommand(rest) : predictCommand(rest);
+  } catch (const mt::Error& e) {
+    mt::writeLine(std::string("error: ") + e.what());
+    return static_cast<int>(e.exitCode());
   }
+}
+
+// --version, --help-env, --help-nccl, --config-reference, --devices: print and exit 0.
+bool printedInfo(const std::vector<std::string>& args) {
   for (const auto& a : args) {
     if (a == "--version") {
       std::cout << mt::versionReport();
-      return 0;
+      return true;
     }
     if (a == "--help-env") {
       printEnvHelp();
-      return 0;
+      return true;
     }
     if (a == "--help-nccl") {  // the NCCL variables profiles and the environment are checked against
       for (const auto& name : mt::knownNcclParams()) std::printf("%s\n", name.c_str());
@@ -262,11 +303,11 @@ int main(int argc, char** argv) {
         std::printf("comm.<all|world|intra|inter>.%s (ncclConfig_t %s%s)\n", field.c_str(),
                     mt::ncclConfigMember(field).c_str(), over.empty() ? "" : (", overridden by " + over).c_str());
       }
-      return 0;
+      return true;
     }
     if (a == "--config-reference") {  // the README's table, generated from the schema
       std::cout << mt::configReferenceMarkdown();
-      return 0;
+      return true;
     }
     if (a == "--devices") {  // for scripts: how many GPUs this build can use here
 #ifdef MT_WITH_CUDA
@@ -274,9 +315,14 @@ int main(int argc, char** argv) {
 #else
       std::printf("cuda devices: 0 (built without CUDA)\n");
 #endif
-      return 0;
+      return true;
     }
   }
+  return false;
+}
+
+// Training under mpirun / srun: the setup agreed on by every rank, then the run.
+int train(int argc, char** argv, const std::vector<std::string>& args) {
   const std::string preflight = mt::launchPreflightError();
   if (!preflight.empty()) {
     mt::writeLine("error: " + preflight);
@@ -327,4 +373,11 @@ int main(int argc, char** argv) {
   trainer.reset();
   if (metrics) metrics->linger();
   return code;
+}
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (isSubcommand(args)) return runSubcommand(args);
+  if (printedInfo(args)) return 0;
+  return train(argc, argv, args);
 }
