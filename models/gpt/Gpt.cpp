@@ -357,13 +357,11 @@ LossStats Gpt::forward(const Batch& batch, Context& ctx, int64_t validForMean) {
 void Gpt::backward(Context& ctx) {
   MT_CHECK(dxf_.defined(), "gpt backward() without a training forward()");
   const int64_t C = cfg_.channels;
-  const Device dev = dxf_.device();
   hookBefore(0, true);
   hookBefore(static_cast<int>(blocks_.size()) + 1, true);
   // Gradients that only GEMMs or LayerNorm backward read are in the matmul dtype; the residual
   // stream's gradient dx is f32, with a copy dxLow in the matmul dtype made by the LayerNorm
   // backward that produced it, for the projection GEMMs.
-  const DType act = matmulDType(dev);
   if (wteGradEarly_.defined()) {  // the classifier's wte gradient, made in forward
     addInPlace(wte_->grad, wteGradEarly_);
     wteGradEarly_ = Tensor();
@@ -376,50 +374,8 @@ void Gpt::backward(Context& ctx) {
     for (Param* p : lnf_->params()) hooks_->gradReady(*p);
   hookAfter(static_cast<int>(blocks_.size()) + 1, true);
   for (size_t li = blocks_.size(); li-- > 0;) {
-    Block& b = blocks_[li];
     hookBefore(static_cast<int>(li) + 1, true);
-    const bool pointwise = cfg_.pointwise(static_cast<int64_t>(li));
-    if (cfg_.checkpointed(static_cast<int64_t>(li)) && !pointwise) recompute(b, ctx);
-    // x2 = x1 + fcProj(gelu(fc(ln2(x1)))): dx1 = dx + d(mlp path)
-    // fcProj's input GELU(pre) made again (pointwise): by the GELU kernel (forward's, or its
-    // epilogue's twin), or inside fcProj's cast.
-    const bool inCasts = geluInCasts(b, B_ * T_, dev);
-    if (pointwise && inCasts) b.fcProj->restoreInputGelu(b.pre, ctx);
-    if (pointwise && !inCasts) {
-      Tensor g = Tensor::empty(b.pre.shape(), b.pre.dtype(), b.pre.device());
-      geluForward(g, b.pre, GeluKind::kTanh);
-      b.fcProj->restoreInput(g, ctx);
-    }
-    Tensor dh2;
-    if (inCasts) {  // the gradient at the GELU's output; fc's cast makes the one at its input
-      Tensor dg = b.fcProj->backward(dxLow, ctx);
-      if (pointwise) b.fc->restoreInputFromLayerNorm(*b.ln2, nullptr, ctx);
-      dh2 = b.fc->backwardThroughGelu(dg, b.pre, ctx);
-      b.pre = Tensor();
-    } else {
-      Tensor dfSum;  // colsum(df), fc's bias gradient, where the DGELU GEMM's epilogue made it
-      Tensor df = b.fcProj->backwardDGelu(dxLow, b.pre, ctx, &dfSum);  // the gradient at the GELU's input
-      b.pre = Tensor();
-      if (pointwise) b.fc->restoreInput(b.ln2->recomputeOutput(), ctx);
-      dh2 = b.fc->backward(df, ctx, dfSum);
-    }
-    Tensor dx1Low;
-    Tensor dx1 = b.ln2->backwardBoth(dh2, &dx, ctx, &dx1Low);  // + the residual branch's gradient, one pass
-    // x1 = x + proj(attn(qkv(ln1(x))))
-    Tensor dy = b.proj->backward(dx1Low, ctx);
-    // In the matmul dtype: the qkv GEMMs read it without a cast.
-    Tensor dqkv = Tensor::empty({B_, T_, 3 * C}, act, dev);
-    attentionBackward(dqkv, dy, b.att, cfg_.heads);
-    b.att.clear();
-    if (pointwise) b.qkv->restoreInputFromLayerNorm(*b.ln1, nullptr, ctx);
-    Tensor dh1 = b.qkv->backward(dqkv, ctx);
-    dx = b.ln1->backwardBoth(dh1, &dx1, ctx, &dxLow);
-    if (hooks_) {
-      for (Module* m : {static_cast<Module*>(b.fcProj.get()), static_cast<Module*>(b.fc.get()),
-                        static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.proj.get()),
-                        static_cast<Module*>(b.qkv.get()), static_cast<Module*>(b.ln1.get())})
-        for (Param* p : m->params()) hooks_->gradReady(*p);
-    }
+    dx = blockBackward(static_cast<int64_t>(li), dx, dxLow, ctx);
     hookAfter(static_cast<int>(li) + 1, true);
   }
   embeddingBackward(wte_->grad, dx, tokens_);
@@ -431,6 +387,65 @@ void Gpt::backward(Context& ctx) {
     hooks_->gradReady(*wte_);
   }
   hookAfter(0, true);
+}
+
+// The MLP's backward, x2 = x1 + fcProj(gelu(fc(ln2(x1)))): the gradient at fc's input (ln2's
+// output) from dxLow, the gradient at the block's output in the matmul dtype.
+Tensor Gpt::mlpBackward(Block& b, const Tensor& dxLow, bool pointwise, Context& ctx) {
+  const Device dev = dxLow.device();
+  // fcProj's input GELU(pre) made again (pointwise): by the GELU kernel (forward's, or its
+  // epilogue's twin), or inside fcProj's cast.
+  const bool inCasts = geluInCasts(b, B_ * T_, dev);
+  if (pointwise && inCasts) b.fcProj->restoreInputGelu(b.pre, ctx);
+  if (pointwise && !inCasts) {
+    Tensor g = Tensor::empty(b.pre.shape(), b.pre.dtype(), b.pre.device());
+    geluForward(g, b.pre, GeluKind::kTanh);
+    b.fcProj->restoreInput(g, ctx);
+  }
+  Tensor dh2;
+  if (inCasts) {  // the gradient at the GELU's output; fc's cast makes the one at its input
+    Tensor dg = b.fcProj->backward(dxLow, ctx);
+    if (pointwise) b.fc->restoreInputFromLayerNorm(*b.ln2, nullptr, ctx);
+    dh2 = b.fc->backwardThroughGelu(dg, b.pre, ctx);
+    b.pre = Tensor();
+  } else {
+    Tensor dfSum;  // colsum(df), fc's bias gradient, where the DGELU GEMM's epilogue made it
+    Tensor df = b.fcProj->backwardDGelu(dxLow, b.pre, ctx, &dfSum);  // the gradient at the GELU's input
+    b.pre = Tensor();
+    if (pointwise) b.fc->restoreInput(b.ln2->recomputeOutput(), ctx);
+    dh2 = b.fc->backward(df, ctx, dfSum);
+  }
+  return dh2;
+}
+
+// Block li's backward: dx (f32) and dxLow (its copy in the matmul dtype) are the gradient at the
+// block's output; returns the one at its input, with dxLow overwritten by its copy.
+Tensor Gpt::blockBackward(int64_t li, const Tensor& dx, Tensor& dxLow, Context& ctx) {
+  Block& b = blocks_[static_cast<size_t>(li)];
+  const int64_t C = cfg_.channels;
+  const Device dev = dx.device();
+  const bool pointwise = cfg_.pointwise(li);
+  if (cfg_.checkpointed(li) && !pointwise) recompute(b, ctx);
+  Tensor dh2 = mlpBackward(b, dxLow, pointwise, ctx);
+  Tensor dx1Low;
+  Tensor dx1 = b.ln2->backwardBoth(dh2, &dx, ctx, &dx1Low);  // + the residual branch's gradient, one pass
+  // x1 = x + proj(attn(qkv(ln1(x))))
+  Tensor dy = b.proj->backward(dx1Low, ctx);
+  // In the matmul dtype: the qkv GEMMs read it without a cast.
+  Tensor dqkv = Tensor::empty({B_, T_, 3 * C}, matmulDType(dev), dev);
+  attentionBackward(dqkv, dy, b.att, cfg_.heads);
+  b.att.clear();
+  if (pointwise) b.qkv->restoreInputFromLayerNorm(*b.ln1, nullptr, ctx);
+  Tensor dh1 = b.qkv->backward(dqkv, ctx);
+  Tensor dxIn = b.ln1->backwardBoth(dh1, &dx1, ctx, &dxLow);
+  if (hooks_) {
+    for (Module* m : {static_cast<Module*>(b.fcProj.get()), static_cast<Module*>(b.fc.get()),
+                      static_cast<Module*>(b.ln2.get()), static_cast<Module*>(b.proj.get()),
+                      static_cast<Module*>(b.qkv.get()), static_cast<Module*>(b.ln1.get())})
+      for (Param* p : m->params())
+        hooks_->gradReady(*p);
+  }
+  return dxIn;
 }
 
 ActivationPlan Gpt::planActivations(const GptConfig& cfg, int64_t B, int64_t T, const PlanContext& pc,

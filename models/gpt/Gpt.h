@@ -159,6 +159,10 @@ class Gpt final : public Model {
   void checkpoint(Block& b, const Tensor& x, const Tensor& qkvOut, const Tensor& x1);
   // Before a checkpointed block's backward: the layers' saved state made again from what was kept.
   void recompute(Block& b, Context& ctx);
+  // Block li's backward (dx, dxLow: the gradient at its output, f32 and in the matmul dtype):
+  // the gradient at its input, dxLow overwritten with its copy; mlpBackward: the MLP's part.
+  Tensor blockBackward(int64_t li, const Tensor& dx, Tensor& dxLow, Context& ctx);
+  Tensor mlpBackward(Block& b, const Tensor& dxLow, bool pointwise, Context& ctx);
   static void clearBlock(Block& b);
 
   GptConfig cfg_;
