@@ -415,31 +415,43 @@ void Trainer::saveCheckpoint(int64_t stepsDone) {
   if (metrics_) metrics_->checkpointWritten(stepsDone, took.elapsed());
 }
 
-LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
-  const int K = static_cast<int>(micro.size());
-  Parallelism& par = *parallelism_;
+namespace {
+
+// With micro-batches every pass takes the mean over all of the step's rows on this rank, so the
+// accumulated gradient is the one batch's (a mean of means would weigh rows unequally where
+// targets are ignored); -1 (each pass its own mean) with one.
+int64_t stepRowsOf(const std::vector<Batch>& micro) {
+  if (micro.size() <= 1) return -1;
+  int64_t rows = 0;
+  for (const Batch& b : micro)
+    rows += b.validTargets >= 0          ? b.validTargets
+            : b.targets.device().isCpu() ? countValidTargets(b.targets)
+                                         : countValidTargets(b.targets.to(Device::cpu()));
+  return rows;
+}
+
+}  // namespace
+
+Context Trainer::stepContext(int64_t step) const {
   Context ctx;
   ctx.training = true;
   ctx.device = device_;
   ctx.seed = s_.seed;  // per-sample streams (ctx.sampleIds): no rank in the seed
   ctx.step = step;
   ctx.lossScale = scaler_ ? scaler_->scale() : 1.f;
-  ctx.keepWeightCasts = par.keepsWeightCasts();
+  ctx.keepWeightCasts = parallelism_->keepsWeightCasts();
   // The loss is read back at log points only (run()): no host synchronisation inside the step.
   ctx.deferLoss = true;
+  return ctx;
+}
+
+LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
+  const int K = static_cast<int>(micro.size());
+  Parallelism& par = *parallelism_;
+  Context ctx = stepContext(step);
   model_->params().zeroGrads();
   par.beginStep(step);
-  // With micro-batches every pass takes the mean over all of the step's rows on this rank, so the
-  // accumulated gradient is the one batch's (a mean of means would weigh rows unequally where
-  // targets are ignored).
-  int64_t stepRows = -1;
-  if (K > 1) {
-    stepRows = 0;
-    for (const Batch& b : micro)
-      stepRows += b.validTargets >= 0          ? b.validTargets
-                  : b.targets.device().isCpu() ? countValidTargets(b.targets)
-                                               : countValidTargets(b.targets.to(Device::cpu()));
-  }
+  const int64_t stepRows = stepRowsOf(micro);
   Stopwatch compute;
 #ifdef MT_WITH_CUDA
   if (device_.isCuda()) {
@@ -469,6 +481,13 @@ LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
   }
 #endif
   if (reporter_->tracing()) reporter_->traceStep(step, backwardStartUs, par, loader_->batchIndices(step));
+  applyStep(step);
+  if (qat_ && step < s_.qatObserveSteps) syncObservers();
+  return stats;
+}
+
+void Trainer::applyStep(int64_t step) {
+  Parallelism& par = *parallelism_;
   bool apply = true;
   if (scaler_) {
     // Every rank skips the same steps: the found-inf flag is or-ed over the world.
@@ -484,8 +503,6 @@ LossStats Trainer::trainStep(const std::vector<Batch>& micro, int64_t step) {
     if (scaler_) scaler_->update();
   }
   par.afterStep();
-  if (qat_ && step < s_.qatObserveSteps) syncObservers();
-  return stats;
 }
 
 // Every rank observed its own batches: the ranges are reduced over the world (minmax: min and max,

@@ -82,6 +82,10 @@ class Trainer {
   // One optimizer step over train.grad_accum_steps micro-batches (their gradients accumulate);
   // returns this rank's loss statistics.
   LossStats trainStep(const std::vector<Batch>& micro, int64_t step);
+  // The training Context of a step; the optimizer's part of it (the loss scaler's check, the clip,
+  // the step) after the micro-batches' backward.
+  Context stepContext(int64_t step) const;
+  void applyStep(int64_t step);
   EvalResult evaluate();
   void reportInterval(int64_t step, const LossStats& local, double seconds, int64_t steps, double waitSeconds);
   void syncObservers();
