@@ -26,32 +26,6 @@ double unixSeconds() {
   return static_cast<double>(wallMicros()) / 1e6;
 }
 
-// Builds the family list: one call per family, samples added as figures are known.
-class Families {
- public:
-  MetricFamily& add(const char* name, MetricType type, const char* help) {
-    out_.push_back({name, help, type, {}});
-    return out_.back();
-  }
-  void gauge(const char* name, const char* help, double v) {
-    add(name, MetricType::kGauge, help).samples.push_back({{}, v});
-  }
-  void counter(const char* name, const char* help, double v) {
-    add(name, MetricType::kCounter, help).samples.push_back({{}, v});
-  }
-  // A gauge per rank (label rank) from one member of RankFigures.
-  void perRank(const char* name, const char* help, const std::vector<RankFigures>& ranks,
-               double RankFigures::*member) {
-    MetricFamily& f = add(name, MetricType::kGauge, help);
-    for (size_t r = 0; r < ranks.size(); ++r)
-      f.samples.push_back({{{"rank", std::to_string(r)}}, ranks[r].*member});
-  }
-  std::vector<MetricFamily> take() { return std::move(out_); }
-
- private:
-  std::vector<MetricFamily> out_;
-};
-
 }  // namespace
 
 const char* exitCauseName(ExitCause c) {
@@ -106,6 +80,32 @@ struct RunMetrics::Figures {
   double checkpointSeconds = 0.0, lastCheckpointSeconds = 0.0, lastCheckpointTime = 0.0;
   int64_t resumes = 0, timeouts = 0;
   std::array<int64_t, kCauses> exits{};
+};
+
+// Builds the family list: one call per family, samples added as figures are known.
+class RunMetrics::FamilyList {
+ public:
+  MetricFamily& add(const char* name, MetricType type, const char* help) {
+    out_.push_back({name, help, type, {}});
+    return out_.back();
+  }
+  void gauge(const char* name, const char* help, double v) {
+    add(name, MetricType::kGauge, help).samples.push_back({{}, v});
+  }
+  void counter(const char* name, const char* help, double v) {
+    add(name, MetricType::kCounter, help).samples.push_back({{}, v});
+  }
+  // A gauge per rank (label rank) from one member of RankFigures.
+  void perRank(const char* name, const char* help, const std::vector<RankFigures>& ranks,
+               double RankFigures::*member) {
+    MetricFamily& f = add(name, MetricType::kGauge, help);
+    for (size_t r = 0; r < ranks.size(); ++r)
+      f.samples.push_back({{{"rank", std::to_string(r)}}, ranks[r].*member});
+  }
+  std::vector<MetricFamily> take() { return std::move(out_); }
+
+ private:
+  std::vector<MetricFamily> out_;
 };
 
 RunMetrics::RunMetrics(const MetricsExportOptions& options)
@@ -185,13 +185,9 @@ void RunMetrics::collectiveTimeout() {
   ++figures_->timeouts;
 }
 
-std::vector<MetricFamily> RunMetrics::families() const {
-  Figures x;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    x = *figures_;
-  }
-  Families fs;
+// The run's identity and progress: what is known from the first step on.
+void RunMetrics::addProgress(FamilyList& fs, const Figures& x, int64_t step) {
+  const IntervalFigures& f = x.last;
   fs.add("meshtrain_run_info", MetricType::kGauge,
          "1, labelled with the run's name, model, strategy and device")
       .samples.push_back({{{"run", x.id.runName},
@@ -202,8 +198,6 @@ std::vector<MetricFamily> RunMetrics::families() const {
   fs.gauge("meshtrain_world_size", "ranks in the job", x.id.worldSize);
   fs.gauge("meshtrain_start_time_seconds", "when this process started, in seconds since the Unix epoch",
            x.startTime);
-  const IntervalFigures& f = x.last;
-  const int64_t step = std::max(x.id.startStep, step_.load(std::memory_order_relaxed));
   const int64_t trained = step - x.id.startStep;
   fs.gauge("meshtrain_step", "optimizer steps done (the run's, across resumes)", static_cast<double>(step));
   fs.gauge("meshtrain_steps_planned", "optimizer steps the run trains to (train.epochs or train.max_steps)",
@@ -215,54 +209,60 @@ std::vector<MetricFamily> RunMetrics::families() const {
   if (f.tokensPerS >= 0)
     fs.counter("meshtrain_tokens_total", "tokens trained by this process, counted at each log interval",
                x.tokensTotal);
-  if (x.haveInterval) {
-    fs.gauge("meshtrain_logged_step", "the step of the last log interval, which the figures below describe",
-             static_cast<double>(f.step));
-    fs.gauge("meshtrain_epoch", "the epoch of the last logged step, from 0", static_cast<double>(f.epoch));
-    fs.gauge("meshtrain_loss", "training loss over the global batch at the last logged step", f.loss);
-    fs.gauge("meshtrain_accuracy", "training accuracy over the global batch at the last logged step",
-             f.accuracy);
-    fs.gauge("meshtrain_learning_rate", "learning rate at the last logged step", f.lr);
-    fs.gauge("meshtrain_samples_per_second", "samples trained per second over the last log interval",
-             f.samplesPerS);
-    if (f.tokensPerS >= 0)
-      fs.gauge("meshtrain_tokens_per_second", "tokens trained per second over the last log interval",
-               f.tokensPerS);
-    if (f.mfu >= 0)
-      fs.gauge("meshtrain_mfu_ratio", "model FLOP utilisation over the last log interval (train.peak_flops)",
-               f.mfu);
-    if (f.lossScale >= 0) {
-      fs.gauge("meshtrain_loss_scale", "f16 loss scale after the last logged step", f.lossScale);
-      fs.counter(
-          "meshtrain_skipped_steps_total",
-          "optimizer steps the f16 loss scaler skipped for inf/nan gradients (the run's, across resumes)",
-          static_cast<double>(f.skippedSteps));
-    }
-    fs.gauge("meshtrain_step_seconds", "wall time of a step, mean over the last log interval", f.stepSeconds);
-    fs.perRank("meshtrain_data_wait_ratio", "share of the last log interval the rank waited for batches",
-               f.ranks, &RankFigures::dataWaitRatio);
-    fs.perRank("meshtrain_compute_seconds",
-               "forward + backward seconds per step on the rank (last log interval)", f.ranks,
-               &RankFigures::computeS);
-    fs.perRank(
-        "meshtrain_comm_wait_seconds",
-        "seconds per step the rank waited for the gradient reduction after backward (last log interval)",
-        f.ranks, &RankFigures::commWaitS);
-    fs.perRank("meshtrain_allocator_allocated_bytes", "bytes allocated by the rank's device allocator",
-               f.ranks, &RankFigures::allocatedBytes);
-    fs.perRank("meshtrain_allocator_reserved_bytes",
-               "bytes the rank's device allocator holds (cached included)", f.ranks,
-               &RankFigures::reservedBytes);
-    fs.perRank("meshtrain_allocator_peak_bytes", "peak bytes allocated by the rank's device allocator",
-               f.ranks, &RankFigures::peakBytes);
-    fs.gauge("meshtrain_straggler_rank", "the rank with the longest compute time per step", f.stragglerRank);
-    fs.gauge("meshtrain_straggler_lag_seconds",
-             "the straggler's compute seconds per step beyond the fastest rank's", f.stragglerLagS);
-    fs.gauge("meshtrain_straggler_lag_ratio", "the straggler's compute time over the fastest rank's, minus 1",
-             f.stragglerLagRatio);
-    fs.gauge("meshtrain_last_report_timestamp_seconds",
-             "when rank 0 last reported a log interval (Unix seconds)", x.lastReportTime);
+}
+
+// The last log interval: loss, speed, the per-rank figures and the straggler.
+void RunMetrics::addInterval(FamilyList& fs, const Figures& x) {
+  const IntervalFigures& f = x.last;
+  fs.gauge("meshtrain_logged_step", "the step of the last log interval, which the figures below describe",
+           static_cast<double>(f.step));
+  fs.gauge("meshtrain_epoch", "the epoch of the last logged step, from 0", static_cast<double>(f.epoch));
+  fs.gauge("meshtrain_loss", "training loss over the global batch at the last logged step", f.loss);
+  fs.gauge("meshtrain_accuracy", "training accuracy over the global batch at the last logged step",
+           f.accuracy);
+  fs.gauge("meshtrain_learning_rate", "learning rate at the last logged step", f.lr);
+  fs.gauge("meshtrain_samples_per_second", "samples trained per second over the last log interval",
+           f.samplesPerS);
+  if (f.tokensPerS >= 0)
+    fs.gauge("meshtrain_tokens_per_second", "tokens trained per second over the last log interval",
+             f.tokensPerS);
+  if (f.mfu >= 0)
+    fs.gauge("meshtrain_mfu_ratio", "model FLOP utilisation over the last log interval (train.peak_flops)",
+             f.mfu);
+  if (f.lossScale >= 0) {
+    fs.gauge("meshtrain_loss_scale", "f16 loss scale after the last logged step", f.lossScale);
+    fs.counter(
+        "meshtrain_skipped_steps_total",
+        "optimizer steps the f16 loss scaler skipped for inf/nan gradients (the run's, across resumes)",
+        static_cast<double>(f.skippedSteps));
   }
+  fs.gauge("meshtrain_step_seconds", "wall time of a step, mean over the last log interval", f.stepSeconds);
+  fs.perRank("meshtrain_data_wait_ratio", "share of the last log interval the rank waited for batches",
+             f.ranks, &RankFigures::dataWaitRatio);
+  fs.perRank("meshtrain_compute_seconds",
+             "forward + backward seconds per step on the rank (last log interval)", f.ranks,
+             &RankFigures::computeS);
+  fs.perRank("meshtrain_comm_wait_seconds",
+             "seconds per step the rank waited for the gradient reduction after backward (last log interval)",
+             f.ranks, &RankFigures::commWaitS);
+  fs.perRank("meshtrain_allocator_allocated_bytes", "bytes allocated by the rank's device allocator", f.ranks,
+             &RankFigures::allocatedBytes);
+  fs.perRank("meshtrain_allocator_reserved_bytes",
+             "bytes the rank's device allocator holds (cached included)", f.ranks,
+             &RankFigures::reservedBytes);
+  fs.perRank("meshtrain_allocator_peak_bytes", "peak bytes allocated by the rank's device allocator", f.ranks,
+             &RankFigures::peakBytes);
+  fs.gauge("meshtrain_straggler_rank", "the rank with the longest compute time per step", f.stragglerRank);
+  fs.gauge("meshtrain_straggler_lag_seconds",
+           "the straggler's compute seconds per step beyond the fastest rank's", f.stragglerLagS);
+  fs.gauge("meshtrain_straggler_lag_ratio", "the straggler's compute time over the fastest rank's, minus 1",
+           f.stragglerLagRatio);
+  fs.gauge("meshtrain_last_report_timestamp_seconds",
+           "when rank 0 last reported a log interval (Unix seconds)", x.lastReportTime);
+}
+
+// Evaluations, checkpoints, resumes, timeouts and exits.
+void RunMetrics::addEventCounts(FamilyList& fs, const Figures& x) {
   if (x.haveEval) {
     fs.gauge("meshtrain_eval_step", "the step of the last evaluation", static_cast<double>(x.evalStep));
     fs.gauge("meshtrain_eval_loss", "test loss at the last evaluation", x.evalLoss);
@@ -292,6 +292,18 @@ std::vector<MetricFamily> RunMetrics::families() const {
   for (int c = 0; c < kCauses; ++c)
     exits.samples.push_back(
         {{{"cause", kCauseNames[c]}}, static_cast<double>(x.exits[static_cast<size_t>(c)])});
+}
+
+std::vector<MetricFamily> RunMetrics::families() const {
+  Figures x;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    x = *figures_;
+  }
+  FamilyList fs;
+  addProgress(fs, x, std::max(x.id.startStep, step_.load(std::memory_order_relaxed)));
+  if (x.haveInterval) addInterval(fs, x);
+  addEventCounts(fs, x);
   return fs.take();
 }
 

@@ -109,6 +109,10 @@ class RunMetrics {
 
  private:
   struct Figures;
+  class FamilyList;  // builds families() (RunMetrics.cpp)
+  static void addProgress(FamilyList& fs, const Figures& x, int64_t step);
+  static void addInterval(FamilyList& fs, const Figures& x);
+  static void addEventCounts(FamilyList& fs, const Figures& x);
   MetricsExportOptions options_;
   mutable std::mutex mutex_;  // figures_
   std::unique_ptr<Figures> figures_;
