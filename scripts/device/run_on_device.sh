@@ -42,7 +42,7 @@ case "$what" in
   gpu-tests)
     # Most telling first: device time is short, and what ran before a limit still comes back.
     status=0
-    for t in test_gpu_parity test_cudnn_attention test_cuda_core test_nccl test_gpu_compression test_gpu_feed; do
+    for t in test_gpu_parity test_cudnn_attention test_cuda_core test_tma_wait test_nccl test_gpu_compression test_gpu_feed; do
       echo "=== $t"
       dist/bin/$t 2>&1 | tee "$out/$t.log" | grep -E "OK|FAILED|PASSED|worst|GPU tests on" || true
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
