@@ -88,35 +88,35 @@ uint32_t alignmentOf(const void* p) {
   return al;
 }
 
-Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
+// The cache key: everything that selects a cuBLASLt plan, the pointers' alignments included.
+PlanKey keyOf(const GemmCall& g) {
   // Epilogues with an aux matrix: its type is the output's (bf16/f16/f32, as GELU_AUX and DGELU need).
-  PlanKey key{static_cast<int>(g.transA),
-              static_cast<int>(g.transB),
-              g.M,
-              g.N,
-              g.K,
-              static_cast<int>(g.abType),
-              static_cast<int>(g.bType == kSameAsA ? g.abType : g.bType),
-              static_cast<int>(g.cType),
-              static_cast<int>(g.epilogue),
-              static_cast<int>(g.biasType),
-              g.beta != 0.f,
-              g.scaleA != nullptr || g.scaleB != nullptr,
-              g.fastAccum,
-              g.batch,
-              g.strideA,
-              g.strideB,
-              g.strideC,
-              g.ldAux,
-              alignmentOf(g.A),
-              alignmentOf(g.B),
-              alignmentOf(g.C),
-              g.bias ? alignmentOf(g.bias) : 256u};
-  GemmPlans& cache = rt.components().get<GemmPlans>();
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  auto it = cache.plans.find(key);
-  if (it != cache.plans.end()) return it->second;
-  Plan p;
+  return PlanKey{static_cast<int>(g.transA),
+                 static_cast<int>(g.transB),
+                 g.M,
+                 g.N,
+                 g.K,
+                 static_cast<int>(g.abType),
+                 static_cast<int>(g.bType == kSameAsA ? g.abType : g.bType),
+                 static_cast<int>(g.cType),
+                 static_cast<int>(g.epilogue),
+                 static_cast<int>(g.biasType),
+                 g.beta != 0.f,
+                 g.scaleA != nullptr || g.scaleB != nullptr,
+                 g.fastAccum,
+                 g.batch,
+                 g.strideA,
+                 g.strideB,
+                 g.strideC,
+                 g.ldAux,
+                 alignmentOf(g.A),
+                 alignmentOf(g.B),
+                 alignmentOf(g.C),
+                 g.bias ? alignmentOf(g.bias) : 256u};
+}
+
+// The operation: transposes, epilogue, aux leading dimension, fast accumulation, FP8 scales, bias type.
+void describeOp(const GemmCall& g, Plan& p) {
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // Lt's A is our B, Lt's B is our A.
   cublasOperation_t opA = g.transB == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -137,6 +137,10 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
     const int32_t bt = static_cast<int32_t>(g.biasType);
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
   }
+}
+
+// The matrix layouts (column-major, as cuBLASLt stores them), batched where asked.
+void describeLayouts(const GemmCall& g, Plan& p) {
   // Stored shapes (column-major): our B is [K,N] row-major (or [N,K] when transposed).
   const uint64_t aRows = g.transB == Trans::kYes ? g.K : g.N, aCols = g.transB == Trans::kYes ? g.N : g.K;
   const uint64_t bRows = g.transA == Trans::kYes ? g.M : g.K, bCols = g.transA == Trans::kYes ? g.K : g.M;
@@ -148,6 +152,10 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
   setBatch(p.a, g.batch, g.strideB);
   setBatch(p.b, g.batch, g.strideA);
   setBatch(p.c, g.batch, g.strideC);
+}
+
+// The heuristic's algorithms for the plan (none: the caller falls back).
+void findAlgos(const GemmCall& g, const PlanKey& key, Plan& p, CudaRuntime& rt) {
   cublasLtMatmulPreference_t pref;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = kGemmWorkspace;
@@ -181,6 +189,18 @@ Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
       if (heur[i].state == CUBLAS_STATUS_SUCCESS) p.algos[p.count++] = heur[i].algo;
   p.ok = p.count > 0;
   p.tune = p.count > 1 && envInt(EnvParam::kGemmAutotune) == 1;
+}
+
+Plan& planFor(const GemmCall& g, CudaRuntime& rt) {
+  const PlanKey key = keyOf(g);
+  GemmPlans& cache = rt.components().get<GemmPlans>();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto it = cache.plans.find(key);
+  if (it != cache.plans.end()) return it->second;
+  Plan p;
+  describeOp(g, p);
+  describeLayouts(g, p);
+  findAlgos(g, key, p, rt);
   return cache.plans.emplace(key, p).first->second;
 }
 
