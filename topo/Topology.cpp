@@ -116,126 +116,143 @@ Topology Topology::fromDocument(const XmlDocument& doc) {
   return t;
 }
 
+// One builder per element (NCCL's topology passes): each appends its element and walks its children.
 void Topology::walk(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci) {
-  if (n.name == "cpu") {
-    TopoCpu c;
-    c.numa = std::atoi(n.attrOr("numaid", "-1").c_str());
-    c.affinityMask = n.attrOr("affinity", "");
-    c.cores = coresOfMask(c.affinityMask);
-    c.arch = n.attrOr("arch", "");
-    c.vendor = n.attrOr("vendor", "");
-    cpus_.push_back(c);
-    const int idx = static_cast<int>(cpus_.size()) - 1;
-    for (const XmlNode& ch : n.children) walk(ch, doc, idx, -1);
-    return;
+  using Builder = void (Topology::*)(const XmlNode&, const XmlDocument&, int, int);
+  static const std::pair<const char*, Builder> kBuilders[] = {{"cpu", &Topology::buildCpu},
+                                                              {"pci", &Topology::buildPci},
+                                                              {"gpu", &Topology::buildGpu},
+                                                              {"nic", &Topology::buildNic}};
+  for (const auto& [name, build] : kBuilders)
+    if (n.name == name) return (this->*build)(n, doc, cpu, parentPci);
+  skipped_.push_back("<" + n.name + "> at " + doc.where(n));
+}
+
+void Topology::buildCpu(const XmlNode& n, const XmlDocument& doc, int, int) {
+  TopoCpu c;
+  c.numa = std::atoi(n.attrOr("numaid", "-1").c_str());
+  c.affinityMask = n.attrOr("affinity", "");
+  c.cores = coresOfMask(c.affinityMask);
+  c.arch = n.attrOr("arch", "");
+  c.vendor = n.attrOr("vendor", "");
+  cpus_.push_back(c);
+  const int idx = static_cast<int>(cpus_.size()) - 1;
+  for (const XmlNode& ch : n.children)
+    walk(ch, doc, idx, -1);
+}
+
+void Topology::buildPci(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci) {
+  TopoPci p;
+  p.busid = n.attrOr("busid", "");
+  if (p.busid.empty()) throw ConfigError("topology " + doc.where(n) + ": <pci> without busid");
+  p.pciClass = parseHex(n.attrOr("class", "0"));
+  p.vendor = n.attrOr("vendor", "");
+  p.linkGTs = parseGTs(n.attrOr("link_speed", "0"));
+  p.linkWidth = std::atoi(n.attrOr("link_width", "0").c_str());
+  p.bandwidthGBs = pcieBandwidthGBs(p.linkGTs, p.linkWidth);
+  p.parent = parentPci;
+  p.cpu = cpu;
+  pcis_.push_back(p);
+  const int idx = static_cast<int>(pcis_.size()) - 1;
+  links_.push_back(
+      {TopoLink::Kind::kPCIe,
+       parentPci >= 0 ? pcis_[static_cast<size_t>(parentPci)].busid : "cpu" + std::to_string(cpu), p.busid,
+       p.bandwidthGBs});
+  addDeviceOfClass(n, idx);
+  for (const XmlNode& ch : n.children)
+    walk(ch, doc, cpu, idx);
+}
+
+// A PCI function whose class says GPU or NIC but that has no <gpu> / <nic> child (pci-only files).
+void Topology::addDeviceOfClass(const XmlNode& n, int pci) {
+  const TopoPci& p = pcis_[static_cast<size_t>(pci)];
+  const uint32_t cls = p.pciClass >> 8;
+  bool hasGpuChild = false, hasNicChild = false;
+  for (const XmlNode& ch : n.children) {
+    hasGpuChild = hasGpuChild || ch.name == "gpu";
+    hasNicChild = hasNicChild || ch.name == "nic";
   }
-  if (n.name == "pci") {
-    TopoPci p;
-    p.busid = n.attrOr("busid", "");
-    if (p.busid.empty()) throw ConfigError("topology " + doc.where(n) + ": <pci> without busid");
-    p.pciClass = parseHex(n.attrOr("class", "0"));
-    p.vendor = n.attrOr("vendor", "");
-    p.linkGTs = parseGTs(n.attrOr("link_speed", "0"));
-    p.linkWidth = std::atoi(n.attrOr("link_width", "0").c_str());
-    p.bandwidthGBs = pcieBandwidthGBs(p.linkGTs, p.linkWidth);
-    p.parent = parentPci;
-    p.cpu = cpu;
-    pcis_.push_back(p);
-    const int idx = static_cast<int>(pcis_.size()) - 1;
-    links_.push_back({TopoLink::Kind::kPCIe, parentPci >= 0 ? pcis_[static_cast<size_t>(parentPci)].busid
-                                                            : "cpu" + std::to_string(cpu),
-                      p.busid, p.bandwidthGBs});
-    const uint32_t cls = p.pciClass >> 8;
-    bool hasGpuChild = false, hasNicChild = false;
-    for (const XmlNode& ch : n.children) {
-      hasGpuChild = hasGpuChild || ch.name == "gpu";
-      hasNicChild = hasNicChild || ch.name == "nic";
-    }
-    // A GPU-class device (0x0300 VGA, 0x0302 3D) is a GPU even in pci-only files without <gpu>.
-    if ((cls == 0x0300 || cls == 0x0302) && !hasGpuChild) {
-      TopoGpu g;
-      g.index = static_cast<int>(gpus_.size());
-      g.busid = p.busid;
-      g.pci = idx;
-      g.cpu = cpu;
-      gpus_.push_back(g);
-    }
-    // Network controllers (0x02xx) are NICs even without <nic>/<net> children.
-    if ((cls >> 8) == 0x02 && !hasNicChild) {
-      TopoNic nic;
-      nic.index = static_cast<int>(nics_.size());
-      nic.busid = p.busid;
-      nic.vendor = p.vendor;
-      nic.pciClass = p.pciClass;
-      nic.pci = idx;
-      nic.cpu = cpu;
-      nic.fabric = inferFabric(p.pciClass, p.vendor, true);
-      nics_.push_back(nic);
-    }
-    for (const XmlNode& ch : n.children) walk(ch, doc, cpu, idx);
-    return;
-  }
-  if (n.name == "gpu") {
+  // A GPU-class device (0x0300 VGA, 0x0302 3D) is a GPU even in pci-only files without <gpu>.
+  if ((cls == 0x0300 || cls == 0x0302) && !hasGpuChild) {
     TopoGpu g;
     g.index = static_cast<int>(gpus_.size());
-    g.busid = parentPci >= 0 ? pcis_[static_cast<size_t>(parentPci)].busid : "";
-    g.dev = std::atoi(n.attrOr("dev", "-1").c_str());
-    g.sm = std::atoi(n.attrOr("sm", "0").c_str());
-    g.rank = std::atoi(n.attrOr("rank", "-1").c_str());
-    g.gdr = n.attrOr("gdr", "0") == "1";
-    g.pci = parentPci;
-    g.cpu = cpu;
-    for (const XmlNode& ch : n.children) {
-      if (ch.name == "nvlink") {
-        TopoNvLink l;
-        l.target = ch.attrOr("target", "");
-        l.count = std::atoi(ch.attrOr("count", "0").c_str());
-        l.toSwitch = (parseHex(ch.attrOr("tclass", "0")) >> 8) == 0x0680;
-        g.nvlinks.push_back(l);
-      } else if (ch.name == "c2c") {
-        const double bw = std::atof(ch.attrOr("bw", "0").c_str());
-        const int count = std::atoi(ch.attrOr("count", "1").c_str());
-        g.c2cGBs += bw * count;
-        links_.push_back({TopoLink::Kind::kC2C, g.busid, "cpu" + std::to_string(cpu), bw * count});
-      } else {
-        skipped_.push_back("<" + ch.name + "> at " + doc.where(ch));
-      }
-    }
+    g.busid = p.busid;
+    g.pci = pci;
+    g.cpu = p.cpu;
     gpus_.push_back(g);
-    return;
   }
-  if (n.name == "nic") {
+  // Network controllers (0x02xx) are NICs even without <nic>/<net> children.
+  if ((cls >> 8) == 0x02 && !hasNicChild) {
     TopoNic nic;
     nic.index = static_cast<int>(nics_.size());
-    if (parentPci >= 0) {
-      const TopoPci& p = pcis_[static_cast<size_t>(parentPci)];
-      nic.busid = p.busid;
-      nic.vendor = p.vendor;
-      nic.pciClass = p.pciClass;
-    }
-    nic.pci = parentPci;
-    nic.cpu = cpu;
-    nic.fabric = inferFabric(nic.pciClass, nic.vendor, parentPci >= 0);
-    for (const XmlNode& ch : n.children) {
-      if (ch.name != "net") {
-        skipped_.push_back("<" + ch.name + "> at " + doc.where(ch));
-        continue;
-      }
-      TopoNet net;
-      net.name = ch.attrOr("name", "");
-      net.dev = std::atoi(ch.attrOr("dev", "-1").c_str());
-      net.port = std::atoi(ch.attrOr("port", "0").c_str());
-      net.speedGbps = std::atof(ch.attrOr("speed", "0").c_str()) / 1000.0;  // the file gives Mb/s
-      net.guid = ch.attrOr("guid", "");
-      net.gdr = ch.attrOr("gdr", "0") == "1";
-      nic.nets.push_back(net);
-    }
-    // An IB NIC presented with class 0x0200 but "mlx5" ports and no Ethernet vendor info stays RoCE;
-    // the profile can say otherwise.
+    nic.busid = p.busid;
+    nic.vendor = p.vendor;
+    nic.pciClass = p.pciClass;
+    nic.pci = pci;
+    nic.cpu = p.cpu;
+    nic.fabric = inferFabric(p.pciClass, p.vendor, true);
     nics_.push_back(nic);
-    return;
   }
-  skipped_.push_back("<" + n.name + "> at " + doc.where(n));
+}
+
+void Topology::buildGpu(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci) {
+  TopoGpu g;
+  g.index = static_cast<int>(gpus_.size());
+  g.busid = parentPci >= 0 ? pcis_[static_cast<size_t>(parentPci)].busid : "";
+  g.dev = std::atoi(n.attrOr("dev", "-1").c_str());
+  g.sm = std::atoi(n.attrOr("sm", "0").c_str());
+  g.rank = std::atoi(n.attrOr("rank", "-1").c_str());
+  g.gdr = n.attrOr("gdr", "0") == "1";
+  g.pci = parentPci;
+  g.cpu = cpu;
+  for (const XmlNode& ch : n.children) {
+    if (ch.name == "nvlink") {
+      TopoNvLink l;
+      l.target = ch.attrOr("target", "");
+      l.count = std::atoi(ch.attrOr("count", "0").c_str());
+      l.toSwitch = (parseHex(ch.attrOr("tclass", "0")) >> 8) == 0x0680;
+      g.nvlinks.push_back(l);
+    } else if (ch.name == "c2c") {
+      const double bw = std::atof(ch.attrOr("bw", "0").c_str());
+      const int count = std::atoi(ch.attrOr("count", "1").c_str());
+      g.c2cGBs += bw * count;
+      links_.push_back({TopoLink::Kind::kC2C, g.busid, "cpu" + std::to_string(cpu), bw * count});
+    } else {
+      skipped_.push_back("<" + ch.name + "> at " + doc.where(ch));
+    }
+  }
+  gpus_.push_back(g);
+}
+
+void Topology::buildNic(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci) {
+  TopoNic nic;
+  nic.index = static_cast<int>(nics_.size());
+  if (parentPci >= 0) {
+    const TopoPci& p = pcis_[static_cast<size_t>(parentPci)];
+    nic.busid = p.busid;
+    nic.vendor = p.vendor;
+    nic.pciClass = p.pciClass;
+  }
+  nic.pci = parentPci;
+  nic.cpu = cpu;
+  nic.fabric = inferFabric(nic.pciClass, nic.vendor, parentPci >= 0);
+  for (const XmlNode& ch : n.children) {
+    if (ch.name != "net") {
+      skipped_.push_back("<" + ch.name + "> at " + doc.where(ch));
+      continue;
+    }
+    TopoNet net;
+    net.name = ch.attrOr("name", "");
+    net.dev = std::atoi(ch.attrOr("dev", "-1").c_str());
+    net.port = std::atoi(ch.attrOr("port", "0").c_str());
+    net.speedGbps = std::atof(ch.attrOr("speed", "0").c_str()) / 1000.0;  // the file gives Mb/s
+    net.guid = ch.attrOr("guid", "");
+    net.gdr = ch.attrOr("gdr", "0") == "1";
+    nic.nets.push_back(net);
+  }
+  // An IB NIC presented with class 0x0200 but "mlx5" ports and no Ethernet vendor info stays RoCE;
+  // the profile can say otherwise.
+  nics_.push_back(nic);
 }
 
 std::vector<int> Topology::ancestors(int pci) const {

@@ -118,6 +118,12 @@ class Topology {
 
  private:
   void walk(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci);
+  // The builders walk() dispatches to, one per element; cpu and parentPci locate the element.
+  void buildCpu(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci);
+  void buildPci(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci);
+  void buildGpu(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci);
+  void buildNic(const XmlNode& n, const XmlDocument& doc, int cpu, int parentPci);
+  void addDeviceOfClass(const XmlNode& n, int pci);
   std::vector<int> ancestors(int pci) const;
 
   std::string source_;
