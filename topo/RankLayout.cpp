@@ -60,10 +60,11 @@ RankIdentity identify(const Topology* t, const std::string& host, const std::str
   return id;
 }
 
-RankLayout groupRanks(const std::vector<RankIdentity>& ids, const Topology* t, int ranksPerNode) {
-  RankLayout l;
-  l.ranks = static_cast<int>(ids.size());
-  // Nodes: by host in order of first appearance (or emulated blocks).
+namespace {
+
+// Nodes by host in order of first appearance (or blocks of ranksPerNode, emulated nodes); within a
+// node, slots by rail, then bus id, then rank (ranks without a rail after those with one).
+void groupNodes(const std::vector<RankIdentity>& ids, int ranksPerNode, RankLayout& l) {
   std::vector<int> nodeOf(ids.size());
   std::map<std::string, int> hostNode;
   for (size_t r = 0; r < ids.size(); ++r) {
@@ -78,7 +79,6 @@ RankLayout groupRanks(const std::vector<RankIdentity>& ids, const Topology* t, i
   l.intraNode.assign(static_cast<size_t>(l.nodes), {});
   for (size_t r = 0; r < ids.size(); ++r)
     l.intraNode[static_cast<size_t>(nodeOf[r])].push_back(static_cast<int>(r));
-  // Slots: by rail, then bus id, then rank (ranks without a rail after those with one).
   for (auto& members : l.intraNode) {
     std::sort(members.begin(), members.end(), [&](int a, int b) {
       const auto& x = ids[static_cast<size_t>(a)];
@@ -87,45 +87,55 @@ RankLayout groupRanks(const std::vector<RankIdentity>& ids, const Topology* t, i
              std::make_tuple(y.rail < 0 ? INT_MAX : y.rail, y.busid, b);
     });
   }
+}
+
+// Where rank `rank` sits: its node and slot, and from the topology (when its GPU is in it) the
+// GPU, NUMA node, rail NICs and the path to them.
+RankPlacement placementOf(const RankIdentity& id, int rank, int node, int localRank, const Topology* t) {
+  RankPlacement p;
+  p.rank = rank;
+  p.node = node;
+  p.localRank = localRank;
+  p.host = id.host;
+  p.busid = id.busid;
+  p.gpuFromFile = id.gpuFromFile;
+  p.rail = id.rail;
+  const TopoGpu* g = t && !id.busid.empty() ? t->gpuByBusId(id.busid) : nullptr;
+  if (!g) return p;
+  p.gpu = g->index;
+  p.numa = g->cpu >= 0 ? t->cpus()[static_cast<size_t>(g->cpu)].numa : -1;
+  p.nics = t->rail(g->index);
+  p.railPath = t->railPath(g->index);
+  p.nicBinding = bindingFor(*t, p.nics);
+  return p;
+}
+
+// Every rank's placement; whether every node holds the same number of ranks (node groups need it).
+void placeRanks(const std::vector<RankIdentity>& ids, const Topology* t, RankLayout& l) {
   l.placements.resize(ids.size());
-  std::vector<int> sizes;
   for (size_t n = 0; n < l.intraNode.size(); ++n) {
     const auto& members = l.intraNode[n];
-    sizes.push_back(static_cast<int>(members.size()));
     l.ranksPerNode = std::max(l.ranksPerNode, static_cast<int>(members.size()));
-    for (size_t k = 0; k < members.size(); ++k) {
-      const RankIdentity& id = ids[static_cast<size_t>(members[k])];
-      RankPlacement& p = l.placements[static_cast<size_t>(members[k])];
-      p.rank = members[k];
-      p.node = static_cast<int>(n);
-      p.localRank = static_cast<int>(k);
-      p.host = id.host;
-      p.busid = id.busid;
-      p.gpuFromFile = id.gpuFromFile;
-      p.rail = id.rail;
-      const TopoGpu* g = t && !id.busid.empty() ? t->gpuByBusId(id.busid) : nullptr;
-      if (!g) continue;
-      p.gpu = g->index;
-      p.numa = g->cpu >= 0 ? t->cpus()[static_cast<size_t>(g->cpu)].numa : -1;
-      p.nics = t->rail(g->index);
-      p.railPath = t->railPath(g->index);
-      p.nicBinding = bindingFor(*t, p.nics);
-    }
+    for (size_t k = 0; k < members.size(); ++k)
+      l.placements[static_cast<size_t>(members[k])] = placementOf(
+          ids[static_cast<size_t>(members[k])], members[k], static_cast<int>(n), static_cast<int>(k), t);
   }
-  for (int s : sizes)
-    l.uniform = l.uniform && s == l.ranksPerNode;
-  if (!l.uniform) {
-    std::string desc;
-    for (size_t n = 0; n < sizes.size(); ++n)
-      desc += (n ? ", " : "") + std::string("node ") + std::to_string(n) + " (" +
-              l.placements[static_cast<size_t>(l.intraNode[n].front())].host + ") " +
-              std::to_string(sizes[n]);
-    l.unequalNodes = "nodes have different numbers of ranks (" + desc +
-                     "): node groups need the same number on every node";
-    l.problems.push_back(l.unequalNodes);
-  }
-  // Ranks driving one GPU (possible with the MPI backend; NCCL refuses it). By machine, not by
-  // node: emulated nodes (MT_NODE_SPLIT) are blocks of ranks on one machine and share its GPUs.
+  for (const auto& members : l.intraNode)
+    l.uniform = l.uniform && static_cast<int>(members.size()) == l.ranksPerNode;
+  if (l.uniform) return;
+  std::string desc;
+  for (size_t n = 0; n < l.intraNode.size(); ++n)
+    desc += (n ? ", " : "") + std::string("node ") + std::to_string(n) + " (" +
+            l.placements[static_cast<size_t>(l.intraNode[n].front())].host + ") " +
+            std::to_string(l.intraNode[n].size());
+  l.unequalNodes =
+      "nodes have different numbers of ranks (" + desc + "): node groups need the same number on every node";
+  l.problems.push_back(l.unequalNodes);
+}
+
+// Ranks driving one GPU (possible with the MPI backend; NCCL refuses it). By machine, not by
+// node: emulated nodes (MT_NODE_SPLIT) are blocks of ranks on one machine and share its GPUs.
+void findSharedGpus(const std::vector<RankIdentity>& ids, RankLayout& l) {
   std::map<std::pair<std::string, std::string>, std::vector<int>> byGpu;
   for (size_t r = 0; r < ids.size(); ++r)
     if (!ids[r].busid.empty() && !ids[r].gpuFromFile)
@@ -137,7 +147,10 @@ RankLayout groupRanks(const std::vector<RankIdentity>& ids, const Topology* t, i
     l.problems.push_back("ranks " + list(kv.second) + " share GPU " + kv.first.second + " of machine " +
                          kv.first.first);
   }
-  if (!l.uniform) return l;
+}
+
+// Slot k of every node forms rail group k; it is rail-aligned when all its ranks use one NIC rail.
+void groupRails(RankLayout& l) {
   l.rails.assign(static_cast<size_t>(l.ranksPerNode), {});
   for (const auto& members : l.intraNode)
     for (size_t k = 0; k < members.size(); ++k)
@@ -155,6 +168,17 @@ RankLayout groupRanks(const std::vector<RankIdentity>& ids, const Topology* t, i
       break;
     }
   }
+}
+
+}  // namespace
+
+RankLayout groupRanks(const std::vector<RankIdentity>& ids, const Topology* t, int ranksPerNode) {
+  RankLayout l;
+  l.ranks = static_cast<int>(ids.size());
+  groupNodes(ids, ranksPerNode, l);
+  placeRanks(ids, t, l);
+  findSharedGpus(ids, l);
+  if (l.uniform) groupRails(l);
   return l;
 }
 
