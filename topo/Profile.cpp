@@ -23,35 +23,27 @@ std::string trim(const std::string& s) {
 }
 }  // namespace
 
-Profile Profile::parse(const std::string& text, const std::string& path) {
-  Profile p;
-  p.path = path;
-  std::istringstream in(text);
-  std::string line;
-  int n = 0;
-  auto fail = [&](const std::string& why) -> void {
-    throw ConfigError("profile " + path + ":" + std::to_string(n) + ": " + why);
-  };
+namespace {
+
+// One profile file's lines into a Profile: errors name the file and the line.
+struct ProfileParser {
+  Profile& p;
+  const std::string& path;
+  int line = 0;
+
+  [[noreturn]] void fail(const std::string& why) const {
+    throw ConfigError("profile " + path + ":" + std::to_string(line) + ": " + why);
+  }
   // NCCL_* and comm.* lines: each key once.
-  auto once = [&](const std::vector<ProfileEntry>& seen, const std::string& key) {
+  void once(const std::vector<ProfileEntry>& seen, const std::string& key) const {
     for (const auto& e : seen)
       if (e.key == key) fail(key + " set twice (first on line " + std::to_string(e.line) + ")");
-  };
-  while (std::getline(in, line)) {
-    ++n;
-    std::string s = trim(line);
-    if (s.empty() || s[0] == '#') continue;
-    if (s.rfind("export ", 0) == 0) s = trim(s.substr(7));
-    const size_t eq = s.find('=');
-    if (eq == std::string::npos) fail("expected KEY=VALUE, got '" + s + "'");
-    std::string key = trim(s.substr(0, eq)), value = trim(s.substr(eq + 1));
-    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
-      value = value.substr(1, value.size() - 2);
+  }
+  void hint(const std::string& key, const std::string& value) {
     if (key == "fabric") {
       Fabric f;
       if (!parseFabric(value, &f)) fail("fabric='" + value + "': expected ib, roce, efa or socket");
-      p.hints[key] = value;
-    } else if (key == "nic_gbps" || key == "nic_efficiency") {
+    } else {  // nic_gbps, nic_efficiency
       // nan passes every comparison and 1e309 parses as inf: the cost model then predicted with them.
       const double hi = key == "nic_gbps" ? kMaxNicGbps : 1;
       char* end = nullptr;
@@ -60,35 +52,70 @@ Profile Profile::parse(const std::string& text, const std::string& path) {
       if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v <= 0 || v > hi)
         fail(key + "='" + value + "': expected a finite number in (0, " +
              (key == "nic_gbps" ? "100000" : "1") + "]");
-      p.hints[key] = value;
-    } else if (key.rfind("NCCL_", 0) == 0) {
-      NcclParamCheck c = checkNcclParam(key, value);
-      if (!c.known) fail("unknown NCCL variable " + key);
-      if (!c.error.empty()) fail(key + "='" + value + "': " + c.error);
-      if (!c.replacement.empty())
-        p.warnings.push_back("profile " + path + ":" + std::to_string(n) + ": " + key + " is deprecated, use " +
-                             c.replacement);
-      once(p.nccl, key);
-      p.nccl.push_back({key, value, n});
-    } else if (key.rfind("comm.", 0) == 0) {
-      const size_t dot = key.find('.', 5);
-      const std::string scope = key.substr(5, dot == std::string::npos ? std::string::npos : dot - 5);
-      const std::string field = dot == std::string::npos ? "" : key.substr(dot + 1);
-      bool scopeKnown = false;
-      for (const char* sc : kCommScopes) scopeKnown = scopeKnown || scope == sc;
-      if (!scopeKnown) fail(key + ": unknown communicator scope '" + scope + "' (all, world, intra, inter)");
-      NcclParamCheck c = setNcclConfigField(field, value, &p.tunings[scope]);
-      if (!c.known) {
-        std::string known;
-        for (const auto& f : knownNcclConfigFields()) known += (known.empty() ? "" : ", ") + f;
-        fail(key + ": unknown ncclConfig_t field '" + field + "' (" + known + ")");
-      }
-      if (!c.error.empty()) fail(key + "='" + value + "': " + c.error);
-      once(p.comm, key);
-      p.comm.push_back({key, value, n});
-    } else {
-      fail("unknown key " + key + " (NCCL_* variables, comm.<scope>.<field>, or fabric, nic_gbps, nic_efficiency)");
     }
+    p.hints[key] = value;
+  }
+  void ncclVariable(const std::string& key, const std::string& value) {
+    NcclParamCheck c = checkNcclParam(key, value);
+    if (!c.known) fail("unknown NCCL variable " + key);
+    if (!c.error.empty()) fail(key + "='" + value + "': " + c.error);
+    if (!c.replacement.empty())
+      p.warnings.push_back("profile " + path + ":" + std::to_string(line) + ": " + key +
+                           " is deprecated, use " + c.replacement);
+    once(p.nccl, key);
+    p.nccl.push_back({key, value, line});
+  }
+  void commField(const std::string& key, const std::string& value) {
+    const size_t dot = key.find('.', 5);
+    const std::string scope = key.substr(5, dot == std::string::npos ? std::string::npos : dot - 5);
+    const std::string field = dot == std::string::npos ? "" : key.substr(dot + 1);
+    bool scopeKnown = false;
+    for (const char* sc : kCommScopes)
+      scopeKnown = scopeKnown || scope == sc;
+    if (!scopeKnown) fail(key + ": unknown communicator scope '" + scope + "' (all, world, intra, inter)");
+    NcclParamCheck c = setNcclConfigField(field, value, &p.tunings[scope]);
+    if (!c.known) {
+      std::string known;
+      for (const auto& f : knownNcclConfigFields())
+        known += (known.empty() ? "" : ", ") + f;
+      fail(key + ": unknown ncclConfig_t field '" + field + "' (" + known + ")");
+    }
+    if (!c.error.empty()) fail(key + "='" + value + "': " + c.error);
+    once(p.comm, key);
+    p.comm.push_back({key, value, line});
+  }
+  void parseLine(const std::string& text) {
+    std::string s = trim(text);
+    if (s.empty() || s[0] == '#') return;
+    if (s.rfind("export ", 0) == 0) s = trim(s.substr(7));
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos) fail("expected KEY=VALUE, got '" + s + "'");
+    std::string key = trim(s.substr(0, eq)), value = trim(s.substr(eq + 1));
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+      value = value.substr(1, value.size() - 2);
+    if (key == "fabric" || key == "nic_gbps" || key == "nic_efficiency")
+      hint(key, value);
+    else if (key.rfind("NCCL_", 0) == 0)
+      ncclVariable(key, value);
+    else if (key.rfind("comm.", 0) == 0)
+      commField(key, value);
+    else
+      fail("unknown key " + key +
+           " (NCCL_* variables, comm.<scope>.<field>, or fabric, nic_gbps, nic_efficiency)");
+  }
+};
+
+}  // namespace
+
+Profile Profile::parse(const std::string& text, const std::string& path) {
+  Profile p;
+  p.path = path;
+  ProfileParser parser{p, path};
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    ++parser.line;
+    parser.parseLine(line);
   }
   // NCCL refuses minCTAs > maxCTAs (ncclInvalidArgument at the communicator's creation): here,
   // with the file's name, for every scope as it resolves.
