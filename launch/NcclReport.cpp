@@ -79,11 +79,9 @@ std::vector<std::string> debugFiles(const std::string& pattern) {
   return out;
 }
 
-}  // namespace
-
-void writeNcclReport(const std::string& runDir, Communicator& world, int worldRank,
-                     const std::vector<Communicator*>& groups, const TopologySetup& topo) {
-  // Collective part first, identical on every rank.
+// Every communicator and the groups of world ranks it joins; collective: identical on every rank.
+nlohmann::json communicatorsJson(Communicator& world, int worldRank,
+                                 const std::vector<Communicator*>& groups) {
   nlohmann::json comms = nlohmann::json::array();
   std::vector<Communicator*> all{&world};
   all.insert(all.end(), groups.begin(), groups.end());
@@ -96,26 +94,11 @@ void writeNcclReport(const std::string& runDir, Communicator& world, int worldRa
                      {"groups", g},
                      {"nccl_config", c->options().tuning.describe()}});
   }
-  world.barrierSync();  // every rank's NCCL has initialised its communicators and logged it
-  if (worldRank != 0) return;
+  return comms;
+}
 
-  nlohmann::json j;
-  j["written_by"] = "meshtrain topo.report";
-  j["backend"] = world.backend();
-  j["world_size"] = world.size();
-#ifdef MT_WITH_CUDA
-  int v = 0;
-  if (ncclGetVersion(&v) == ncclSuccess) j["nccl_version_code"] = v;
-#endif
-  j["profile"] = topo.profile ? topo.profile->name : "";
-  j["topology_file"] = topo.topology ? topo.topology->source() : "";
-  j["env"] = nlohmann::json::array();
-  for (const auto& l : topo.ncclEnv) {
-    const NcclEnvEntry e = parseNcclEnvEntry(l);
-    j["env"].push_back({{"name", e.name}, {"value", e.value}, {"origin", e.origin}});
-  }
-  j["communicators"] = comms;
-  // Every rank's place, as the ranks told each other at start (launch/TopologySetup).
+// Every rank's place, as the ranks told each other at start (launch/TopologySetup).
+nlohmann::json layoutJson(const TopologySetup& topo) {
   const RankLayout& l = topo.layout;
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& p : l.placements) {
@@ -137,22 +120,23 @@ void writeNcclReport(const std::string& runDir, Communicator& world, int worldRa
                      {"rail_path", p.nics.empty() ? "" : pathTypeName(p.railPath)},
                      {"nic_binding", p.nicBinding}});
   }
-  j["layout"] = {{"nodes", l.nodes},
-                 {"ranks_per_node", l.ranksPerNode},
-                 {"uniform", l.uniform},
-                 {"rail_aligned", l.railAligned},
-                 {"intra_node_groups", l.intraNode},
-                 {"rail_groups", l.rails},
-                 {"problems", l.problems},
-                 {"ranks", ranks}};
+  return {{"nodes", l.nodes},
+          {"ranks_per_node", l.ranksPerNode},
+          {"uniform", l.uniform},
+          {"rail_aligned", l.railAligned},
+          {"intra_node_groups", l.intraNode},
+          {"rail_groups", l.rails},
+          {"problems", l.problems},
+          {"ranks", ranks}};
+}
 
+// NCCL's own debug logs (NCCL_DEBUG=INFO into NCCL_DEBUG_FILE), parsed; notes say why there are none.
+nlohmann::json ncclLogsJson(const char* backend, std::vector<std::string>& notes) {
   nlohmann::json logs = nlohmann::json::array();
-  std::vector<std::string> notes;
   const char* file = std::getenv("NCCL_DEBUG_FILE");
   const char* level = std::getenv("NCCL_DEBUG");
-  if (std::string(world.backend()) != "nccl") {
-    notes.push_back(std::string("backend ") + world.backend() +
-                    ": NCCL was not used, so it chose no rings or NICs");
+  if (std::string(backend) != "nccl") {
+    notes.push_back(std::string("backend ") + backend + ": NCCL was not used, so it chose no rings or NICs");
   } else if (!level || std::string(level) != "INFO") {
     notes.push_back(std::string("NCCL_DEBUG is ") + (level ? level : "unset") +
                     ", not INFO: NCCL logged none of its choices (a profile or the environment set it)");
@@ -174,6 +158,37 @@ void writeNcclReport(const std::string& runDir, Communicator& world, int worldRa
     }
     if (paths.empty()) notes.push_back(std::string("no file matches NCCL_DEBUG_FILE=") + file);
   }
+  return logs;
+}
+
+}  // namespace
+
+void writeNcclReport(const std::string& runDir, Communicator& world, int worldRank,
+                     const std::vector<Communicator*>& groups, const TopologySetup& topo) {
+  // Collective part first, identical on every rank.
+  const nlohmann::json comms = communicatorsJson(world, worldRank, groups);
+  world.barrierSync();  // every rank's NCCL has initialised its communicators and logged it
+  if (worldRank != 0) return;
+
+  nlohmann::json j;
+  j["written_by"] = "meshtrain topo.report";
+  j["backend"] = world.backend();
+  j["world_size"] = world.size();
+#ifdef MT_WITH_CUDA
+  int v = 0;
+  if (ncclGetVersion(&v) == ncclSuccess) j["nccl_version_code"] = v;
+#endif
+  j["profile"] = topo.profile ? topo.profile->name : "";
+  j["topology_file"] = topo.topology ? topo.topology->source() : "";
+  j["env"] = nlohmann::json::array();
+  for (const auto& l : topo.ncclEnv) {
+    const NcclEnvEntry e = parseNcclEnvEntry(l);
+    j["env"].push_back({{"name", e.name}, {"value", e.value}, {"origin", e.origin}});
+  }
+  j["communicators"] = comms;
+  j["layout"] = layoutJson(topo);
+  std::vector<std::string> notes;
+  const nlohmann::json logs = ncclLogsJson(world.backend(), notes);
   j["nccl_logs"] = logs;
   j["notes"] = notes;
   const std::string out = runDir + "/nccl_report.json";
