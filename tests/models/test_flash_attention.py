@@ -82,7 +82,7 @@ class FlashAttention(unittest.TestCase):
                 q, k, v, _ = lab.make_inputs(3, T, 4, 64, dtype, T % 2 == 0, gen)
                 outs = []
                 for var in (serial, overlap):
-                    o = torch.full_like(q, float("nan"))
+                    o = torch.full(tuple(q.shape), float("nan"), device="cuda", dtype=dtype)
                     lse = fl.lse(q).fill_(float("nan"))
                     fl.forward(q, k, v, o, lse, var)
                     torch.cuda.synchronize()
