@@ -92,10 +92,9 @@ std::vector<std::string> splitTabs(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-void exchangeRankLayout(MPI_Comm comm, const RankSelf& self, TopologySetup& setup) {
-  const Topology* t = setup.topology.get();
+// This rank's identity: its CUDA GPU, or for a CPU rank the file's GPU of its place in the node.
+// *inFile: the file (if any) lists its GPU.
+RankIdentity selfIdentity(const Topology* t, const RankSelf& self, bool* inFile) {
   std::string busid = cudaBusId(self.device);
   bool fromFile = false;
   if (busid.empty() && t && !t->gpus().empty()) {
@@ -111,48 +110,71 @@ void exchangeRankLayout(MPI_Comm comm, const RankSelf& self, TopologySetup& setu
                                  : machine;
   RankIdentity me = identify(t, myHost, busid, fromFile);
   me.machine = machine;
-  const bool inFile = !t || busid.empty() || t->gpuByBusId(busid) != nullptr;
-  const auto all = allGatherStrings(comm, me.host + "\t" + me.busid + "\t" + std::to_string(me.rail) + "\t" +
-                                              (me.gpuFromFile ? "1" : "0") + "\t" + (inFile ? "1" : "0") +
-                                              "\t" + me.machine);
+  *inFile = !t || busid.empty() || t->gpuByBusId(busid) != nullptr;
+  return me;
+}
+
+// The exchanged record: host, bus id, rail, gpuFromFile, inFile and machine, tab-separated.
+std::string encodeIdentity(const RankIdentity& me, bool inFile) {
+  return me.host + "\t" + me.busid + "\t" + std::to_string(me.rail) + "\t" + (me.gpuFromFile ? "1" : "0") +
+         "\t" + (inFile ? "1" : "0") + "\t" + me.machine;
+}
+
+// Rank r's record back into its identity; refuses a GPU the file does not list.
+RankIdentity decodeIdentity(const std::string& record, size_t r, const Topology* t) {
+  const auto f = splitTabs(record);
+  if (f.size() != 6)
+    throw InternalError("rank identity exchange: malformed record from rank " + std::to_string(r));
+  RankIdentity id;
+  id.host = f[0];
+  id.busid = f[1];
+  id.rail = std::stoi(f[2]);
+  id.gpuFromFile = f[3] == "1";
+  id.machine = f[5];
+  // The file describes another machine: bound by index, ranks would take the wrong NUMA node's
+  // cores and rail NICs. Every rank has every record, so every rank refuses alike.
+  if (f[4] != "1") {
+    std::string listed;
+    for (const auto& g : t->gpus())
+      listed += (listed.empty() ? "" : ", ") + g.busid;
+    throw ConfigError("topo.file " + t->source() + ": rank " + std::to_string(r) + " on " + id.host +
+                      " drives the GPU at bus id " + id.busid + ", which the file does not list (it lists " +
+                      (listed.empty() ? "none" : listed) +
+                      "): it describes another machine; dump this one's with NCCL_TOPO_DUMP_FILE");
+  }
+  return id;
+}
+
+// NCCL runs one rank per GPU: ranks sharing one are refused, unless testing allows it.
+void checkSharedGpus(const RankLayout& layout, const std::vector<RankIdentity>& ids, const RankSelf& self) {
+  if (!self.nccl || layout.sharedGpus.empty()) return;
+  const auto& ranks = layout.sharedGpus.front();
+  const RankIdentity& id = ids[static_cast<size_t>(ranks.front())];
+  std::string list;
+  for (int r : ranks)
+    list += (list.empty() ? "" : ", ") + std::to_string(r);
+  if (!self.shareGpuForTests)
+    throw ConfigError(
+        "dist.backend = nccl: ranks " + list + " share GPU " + id.busid + " of machine " + id.machine +
+        ", and NCCL runs one rank per GPU (use dist.backend = mpi, or as many GPUs as ranks per "
+        "machine; MT_NODE_SPLIT and topo.node_ranks emulate nodes but share the machine's GPUs)");
+  if (self.rank == 0)
+    MT_LOG_WARN << "MT_NCCL_SHARE_GPU_FOR_TESTS=1: NCCL ranks " << list << " share GPU " << id.busid
+                << " over sockets (testing only: correct, but its timings are not throughput)";
+}
+
+}  // namespace
+
+void exchangeRankLayout(MPI_Comm comm, const RankSelf& self, TopologySetup& setup) {
+  const Topology* t = setup.topology.get();
+  bool inFile = false;
+  const RankIdentity me = selfIdentity(t, self, &inFile);
+  const auto all = allGatherStrings(comm, encodeIdentity(me, inFile));
   std::vector<RankIdentity> ids;
-  for (size_t r = 0; r < all.size(); ++r) {
-    const auto f = splitTabs(all[r]);
-    if (f.size() != 6)
-      throw InternalError("rank identity exchange: malformed record from rank " + std::to_string(r));
-    RankIdentity id;
-    id.host = f[0];
-    id.busid = f[1];
-    id.rail = std::stoi(f[2]);
-    id.gpuFromFile = f[3] == "1";
-    id.machine = f[5];
-    // The file describes another machine: bound by index, ranks would take the wrong NUMA node's
-    // cores and rail NICs. Every rank has every record, so every rank refuses alike.
-    if (f[4] != "1") {
-      std::string listed;
-      for (const auto& g : t->gpus()) listed += (listed.empty() ? "" : ", ") + g.busid;
-      throw ConfigError("topo.file " + t->source() + ": rank " + std::to_string(r) + " on " + id.host +
-                        " drives the GPU at bus id " + id.busid + ", which the file does not list (it lists " +
-                        (listed.empty() ? "none" : listed) +
-                        "): it describes another machine; dump this one's with NCCL_TOPO_DUMP_FILE");
-    }
-    ids.push_back(id);
-  }
+  for (size_t r = 0; r < all.size(); ++r)
+    ids.push_back(decodeIdentity(all[r], r, t));
   setup.layout = groupRanks(ids, t, self.emulatedNodeRanks);
-  if (self.nccl && !setup.layout.sharedGpus.empty()) {
-    const auto& ranks = setup.layout.sharedGpus.front();
-    const RankIdentity& id = ids[static_cast<size_t>(ranks.front())];
-    std::string list;
-    for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    if (!self.shareGpuForTests)
-      throw ConfigError(
-          "dist.backend = nccl: ranks " + list + " share GPU " + id.busid + " of machine " + id.machine +
-          ", and NCCL runs one rank per GPU (use dist.backend = mpi, or as many GPUs as ranks per "
-          "machine; MT_NODE_SPLIT and topo.node_ranks emulate nodes but share the machine's GPUs)");
-    if (self.rank == 0)
-      MT_LOG_WARN << "MT_NCCL_SHARE_GPU_FOR_TESTS=1: NCCL ranks " << list << " share GPU " << id.busid
-                  << " over sockets (testing only: correct, but its timings are not throughput)";
-  }
+  checkSharedGpus(setup.layout, ids, self);
   if (self.rank == 0) {
     for (const auto& p : setup.layout.problems) MT_LOG_WARN << "rank layout: " << p;
     MT_LOG_DEBUG << "rank layout:\n" << setup.layout.summary();

@@ -102,9 +102,8 @@ Topology Topology::fromDocument(const XmlDocument& doc) {
   Topology t;
   t.source_ = doc.path;
   for (const XmlNode& c : doc.root.children) t.walk(c, doc, -1, -1);
-  // Resolve NVLink targets: to an NVSwitch (class 0x0680) or another GPU.
-  std::map<std::string, int> gpuByBus;
-  for (const auto& g : t.gpus_) gpuByBus[g.busid] = g.index;
+  // A second pass once every GPU is known: each GPU's NVLink bandwidth (by its SM generation) and
+  // one link per <nvlink> to its target, an NVSwitch or another GPU by bus id.
   for (auto& g : t.gpus_) {
     const double perLink = nvlinkPerLinkGBs(g.sm);
     for (auto& l : g.nvlinks) {
@@ -250,8 +249,8 @@ void Topology::buildNic(const XmlNode& n, const XmlDocument& doc, int cpu, int p
     net.gdr = ch.attrOr("gdr", "0") == "1";
     nic.nets.push_back(net);
   }
-  // An IB NIC presented with class 0x0200 but "mlx5" ports and no Ethernet vendor info stays RoCE;
-  // the profile can say otherwise.
+  // The fabric comes from the PCI class and vendor alone (inferFabric): a class-0x0200 NIC with no
+  // vendor stays unknown whatever its ports are named; a profile's fabric= says what it is.
   nics_.push_back(nic);
 }
 
