@@ -291,16 +291,9 @@ template <typename T>
 __device__ __forceinline__ void fwdOverlapLoop(const uint32_t (&qa)[kD / 16][4], float (&o)[kD / 8][4],
                                                float (&s)[kFwdKeys / 8][4], FwdRows& r, const FwdRing& ring,
                                                int nMine) {
-  constexpr int NT = kFwdKeys / 8;
   uint32_t pa[kFwdKeys / 16][4];
-  const auto issuePv = [&](int j) {
-    const T* v = reinterpret_cast<const T*>(ring.stage(j)) + kFwdKeys * kD;
-    wg::fenceOperand(o);
-    wg::fence();
-#pragma unroll
-    for (int kc = 0; kc < kFwdKeys / 16; ++kc)
-      wg::Wgmma<kD, T>::template rs<1>(o, pa[kc], wg::mnmajor(v + kc * 16 * kD), 1);
-    wg::commit();
+  const auto pvOfTile = [&](int j) {
+    issuePv<kFwdKeys, T>(o, pa, reinterpret_cast<const T*>(ring.stage(j)) + kFwdKeys * kD);
   };
   // Tile j's softmax; O x alpha_j once the product before it has landed (waitPv); P_j packed.
   const auto softmaxStep = [&](int j, auto waitPv) {
@@ -311,11 +304,7 @@ __device__ __forceinline__ void fwdOverlapLoop(const uint32_t (&qa)[kD / 16][4],
     softmaxExp<true>(s, r.l0, r.l1, u0, u1, r.sl2);
     waitPv();
     if (rescale) scaleRows(o, alpha0, alpha1);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
-      pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
-    }
+    packP<kFwdKeys, T>(s, pa);
   };
   if (nMine > 0) {  // tile 0: nothing in flight before it
     ring.waitFull(0);
@@ -326,7 +315,7 @@ __device__ __forceinline__ void fwdOverlapLoop(const uint32_t (&qa)[kD / 16][4],
   for (int j = 1; j < nMine; ++j) {
     ring.waitFull(j);
     issueScores<T>(s, qa, reinterpret_cast<const T*>(ring.stage(j)));
-    issuePv(j - 1);
+    pvOfTile(j - 1);
     wg::wait<1>();  // S of tile j; O += P v of tile j - 1 stays in flight through the softmax
     softmaxStep(j, [&] {
       wg::wait<0>();
@@ -335,7 +324,7 @@ __device__ __forceinline__ void fwdOverlapLoop(const uint32_t (&qa)[kD / 16][4],
     });
   }
   if (nMine > 0) {
-    issuePv(nMine - 1);
+    pvOfTile(nMine - 1);
     wg::wait<0>();
     wg::fenceOperand(o);
     ring.release(nMine - 1);

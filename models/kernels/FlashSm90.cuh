@@ -98,23 +98,32 @@ __device__ __forceinline__ void loadQRegisters(uint32_t (&qa)[kD / 16][4], const
 // to 16 bits in registers as the A operand, and O += P v issued (v MN-major: its rows are the
 // reduction index); committed, not waited for. Shared by flashForwardSm90Kernel and the
 // warp-specialized forward.
-template <bool LAZY, bool TREE, int BC, typename T>
-__device__ __forceinline__ void softmaxThenPv(float (&s)[BC / 8][4], float (&o)[kD / 8][4], float& m0, float& m1,
-                                              float& l0, float& l1, const T* v, int kBase, int rowBase, int g, int t4,
-                                              float sl2) {
-  constexpr int NT = BC / 8;
-  softmaxTile<LAZY, TREE>(s, o, m0, m1, l0, l1, kBase, rowBase, g, t4, sl2);
-  uint32_t pa[BC / 16][4];
+// P (S after the softmax) packed to 16 bits in registers as the A operand of O += P v.
+template <int BC, typename T>
+__device__ __forceinline__ void packP(const float (&s)[BC / 8][4], uint32_t (&pa)[BC / 16][4]) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
+  for (int nt = 0; nt < BC / 8; ++nt) {
     pa[nt / 2][(nt & 1) * 2] = Mma<T>::pack(s[nt][0], s[nt][1]);
     pa[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::pack(s[nt][2], s[nt][3]);
   }
+}
+// O += P v over BC keys (v MN-major: its rows are the reduction index), committed, not waited for.
+template <int BC, typename T>
+__device__ __forceinline__ void issuePv(float (&o)[kD / 8][4], const uint32_t (&pa)[BC / 16][4], const T* v) {
   wg::fenceOperand(o);
   wg::fence();
 #pragma unroll
   for (int kc = 0; kc < BC / 16; ++kc) wg::Wgmma<kD, T>::template rs<1>(o, pa[kc], wg::mnmajor(v + kc * 16 * kD), 1);
   wg::commit();
+}
+template <bool LAZY, bool TREE, int BC, typename T>
+__device__ __forceinline__ void softmaxThenPv(float (&s)[BC / 8][4], float (&o)[kD / 8][4], float& m0,
+                                              float& m1, float& l0, float& l1, const T* v, int kBase,
+                                              int rowBase, int g, int t4, float sl2) {
+  softmaxTile<LAZY, TREE>(s, o, m0, m1, l0, l1, kBase, rowBase, g, t4, sl2);
+  uint32_t pa[BC / 16][4];
+  packP<BC, T>(s, pa);
+  issuePv<BC, T>(o, pa, v);
 }
 #endif
 
