@@ -50,12 +50,6 @@ void castLoop(uint8_t* q, uint8_t* qt, const T* x, int64_t n, int64_t cols, floa
   });
 }
 
-// The scale update before a cast (header comment): current from amax(x), delayed from the history.
-void scaleBeforeCast(float* v, int L, Fp8Format f, const Fp8Options& o, bool first, float amaxNow) {
-  const float src = o.recipe == Fp8Recipe::kDelayed && !first ? fp8HistoryMax(v + Fp8State::kHistory, L) : amaxNow;
-  fp8SetScale(v, fp8ScaleFrom(src, v[Fp8State::kScale], f, o.margin));
-}
-
 }  // namespace
 
 const EnumTable<Fp8Format>& fp8Formats() {
@@ -187,7 +181,8 @@ void quantizeCpu(Tensor& q, const Tensor& x, Fp8State& st, Tensor* transposed) {
   const int L = st.options().historyLength;
   float* v = st.values().data<float>();
   const float amax = amaxCpu(x);
-  scaleBeforeCast(v, L, st.format(), st.options(), st.casts() == 0, amax);
+  const Fp8Options& o = st.options();
+  fp8ScaleBeforeCast(v, L, st.format(), o.margin, o.recipe == Fp8Recipe::kDelayed && st.casts() > 0, amax);
   castCpu(q, x, transposed, v[Fp8State::kScale], st.format());
   fp8PushAmax(v, L, amax);
   st.setCasts(st.casts() + 1);

@@ -196,6 +196,13 @@ MT_FP8_HD inline void fp8PushAmax(float* v, int L, float amax) {
   if (L > 0) v[Fp8State::kHistory] = amax;
   v[Fp8State::kAmax] = amax;
 }
+// The scale before a cast: delayed, from the history's max (fromHistory); otherwise (current, and the
+// delayed recipe's first cast) from amaxNow, this cast's own amax.
+MT_FP8_HD inline void fp8ScaleBeforeCast(float* v, int L, Fp8Format f, int margin, bool fromHistory,
+                                         float amaxNow) {
+  const float src = fromHistory ? fp8HistoryMax(v + Fp8State::kHistory, L) : amaxNow;
+  fp8SetScale(v, fp8ScaleFrom(src, v[Fp8State::kScale], f, margin));
+}
 
 // q (u8, x's shape) <- fp8(x * s) with s chosen by st's recipe (header comment), st updated
 // (scale, scaleInv, amax, history). x: f32 or bf16, contiguous. transposed (optional, u8 [C,R]

@@ -294,8 +294,7 @@ void launchAmax(const Load& ld, int64_t n, float* state, cudaStream_t s) {
 // The scale before a cast (current: from the amax just reduced; delayed: from the history), and
 // the amax slot cleared first where the cast itself reduces it.
 __global__ void scaleKernel(float* v, int L, Fp8Format f, int margin, bool fromHistory) {
-  const float src = fromHistory ? fp8HistoryMax(v + Fp8State::kHistory, L) : v[Fp8State::kAmax];
-  fp8SetScale(v, fp8ScaleFrom(src, v[Fp8State::kScale], f, margin));
+  fp8ScaleBeforeCast(v, L, f, margin, fromHistory, v[Fp8State::kAmax]);
   if (fromHistory) v[Fp8State::kAmax] = 0.f;
 }
 
